@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Device driver for the GPU machine: unpack the SGLang bundle, install our wheel, run one harness
+# command, leave results + compressed server logs in $OUT (≤ 8 files come back), print a table.
+#
+# Usage, from the repository root:
+#   bash benchmarks/device/run_sweep.sh [sweep|trace|fuzz|offstep] [harness args...]
+# With no arguments: `sweep --preset first-h200`.
+# Env knobs:
+#   DYNSPEC_BUNDLE     bundle dir (default .gpu-bundle)
+#   DYNSPEC_BUDGET_S   seconds after this script starts when no new wave/level starts (default 510;
+#                      the device tool kills at 600 s, and stopping + packing needs ~30 s)
+#   DYNSPEC_NAME       result file stem (default: the subcommand)
+#   DYNSPEC_GIT_COMMIT commit id for the record (else dist/GIT_COMMIT, else none: no .git there)
+#   DYNSPEC_SITE       where site.tar.xz is unpacked (default /tmp/site; reused when present)
+#   OUT                where results go (the device tool sets it)
+set -uo pipefail
+
+T0=$(date +%s.%N)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO" || exit 2
+BUNDLE=${DYNSPEC_BUNDLE:-$REPO/.gpu-bundle}
+OUT=${OUT:-$REPO/benchmarks/results/device-out}
+BUDGET=${DYNSPEC_BUDGET_S:-510}
+SITE=${DYNSPEC_SITE:-/tmp/site}
+LOGS=/tmp/dynspec-logs
+PHASES=/tmp/dynspec-phases.txt
+rm -rf "$LOGS" /tmp/dynspec-stats   # a warm machine may hold a previous run's
+mkdir -p "$OUT" "$LOGS"
+: > "$PHASES"
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
+note() { echo "[run_sweep +$(elapsed "$T0")s] $*"; }
+record_phase() { echo "$1 $2" >> "$PHASES"; }
+
+CMD=${1:-sweep}
+case "$CMD" in
+  sweep|trace|fuzz|offstep) shift || true ;;
+  -*) CMD=sweep ;;
+  *) echo "run_sweep.sh: first argument must be sweep|trace|fuzz|offstep, got '$CMD'" >&2; exit 2 ;;
+esac
+ARGS=("$@")
+if [ "$CMD" = sweep ] && [ ${#ARGS[@]} -eq 0 ]; then ARGS=(--preset first-h200); fi
+NAME=${DYNSPEC_NAME:-$CMD}
+
+# ---- 1. SGLang bundle ---------------------------------------------------------------------
+if [ ! -f "$BUNDLE/site.tar.xz" ]; then
+  echo "run_sweep.sh: no $BUNDLE/site.tar.xz (carry .gpu-bundle with the call)" >&2; exit 2
+fi
+t=$(now)
+if [ ! -d "$SITE/sglang" ]; then
+  mkdir -p "$SITE" && tar -C "$SITE" -xJf "$BUNDLE/site.tar.xz" || { echo "untar site failed" >&2; exit 2; }
+fi
+if [ -f "$BUNDLE/jitcache.tar.xz" ] && [ ! -d /tmp/jitcache/triton ]; then
+  mkdir -p /tmp/jitcache && tar -C /tmp/jitcache -xJf "$BUNDLE/jitcache.tar.xz"
+fi
+record_phase untar "$(elapsed "$t")"
+export PYTHONUNBUFFERED=1 TVM_FFI_CACHE_DIR=/tmp/jitcache/tvm-ffi TRITON_CACHE_DIR=/tmp/jitcache/triton
+SGLANG_VER=$(ls -d "$SITE"/sglang-*.dist-info 2>/dev/null | head -1 | sed -E 's/.*sglang-([^/]*)\.dist-info/\1/')
+note "SGLang in bundle: ${SGLANG_VER:-unknown}"
+PYPATH=$SITE
+# From 0.5.13 the spec_v2 worker imports cutlass/deep_gemm; the bundle's stand-ins satisfy the imports.
+if [ -d "$BUNDLE/import-standins" ] && python3 - "$SGLANG_VER" <<'PY'
+import sys, re
+v = tuple(int(x) for x in re.findall(r"\d+", sys.argv[1] or "0")[:3])
+sys.exit(0 if v >= (0, 5, 13) else 1)
+PY
+then
+  PYPATH=$BUNDLE/import-standins:$PYPATH
+  note "import stand-ins first on PYTHONPATH"
+fi
+if ! ldconfig -p 2>/dev/null | grep -q 'libnuma\.so\.1'; then
+  export LD_LIBRARY_PATH=$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  note "libnuma from the bundle"
+fi
+
+# ---- 2. our package ------------------------------------------------------------------------
+t=$(now)
+shopt -s nullglob
+WHEELS=("$REPO"/dist/*.whl)
+if [ ${#WHEELS[@]} -gt 0 ]; then
+  rm -rf /tmp/dynspec && mkdir -p /tmp/dynspec
+  if ! python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/dynspec "${WHEELS[@]}"; then
+    # No pip there: a wheel is a zip; unpacked into a path entry it imports and its entry points resolve.
+    note "pip failed; unzipping wheels instead"
+    for w in "${WHEELS[@]}"; do python3 -m zipfile -e "$w" /tmp/dynspec; done
+  fi
+  PYPATH=/tmp/dynspec:$PYPATH
+  note "installed: $(cd "$REPO/dist" && ls *.whl | tr '\n' ' ')"
+else
+  note "WARNING: no dist/*.whl: dynspec modes will run without the plugin"
+fi
+record_phase install_dynspec "$(elapsed "$t")"
+export PYTHONPATH=$PYPATH:$REPO
+if [ -z "${DYNSPEC_GIT_COMMIT:-}" ] && [ -f "$REPO/dist/GIT_COMMIT" ]; then
+  export DYNSPEC_GIT_COMMIT=$(tr -d ' \n' < "$REPO/dist/GIT_COMMIT")
+fi
+python3 - <<'PY' || true
+from importlib.metadata import entry_points
+try:
+    import sglang_dynspec
+    print("[run_sweep] sglang_dynspec", getattr(sglang_dynspec, "__version__", "?"), "from", sglang_dynspec.__file__)
+except Exception as exc:  # report, do not stop: off/on modes still run
+    print("[run_sweep] WARNING: import sglang_dynspec failed:", repr(exc))
+print("[run_sweep] sglang.srt.plugins entry points:", [e.value for e in entry_points(group="sglang.srt.plugins")])
+PY
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/[run_sweep] gpu: /'
+
+# ---- 3. the harness ------------------------------------------------------------------------
+export DYNSPEC_PHASE_TIMES=$PHASES
+export DYNSPEC_DEADLINE_EPOCH=$(awk -v a="$T0" -v b="$BUDGET" 'BEGIN { printf "%.3f", a + b }')
+export DYNSPEC_COMMAND="bash benchmarks/device/run_sweep.sh $CMD ${ARGS[*]}"
+note "harness: $CMD ${ARGS[*]} (deadline in ${BUDGET}s from start)"
+t=$(now)
+python3 -m benchmarks.dynspec_bench "$CMD" "${ARGS[@]}" --name "$NAME" --out-dir "$OUT" --log-dir "$LOGS" \
+  --stats-root /tmp/dynspec-stats 2>&1 | tee "$OUT/driver.log"
+RC=${PIPESTATUS[0]}
+note "harness exit $RC after $(elapsed "$t")s"
+
+# ---- 4. pack logs (one file: at most 8 come back) and summarise --------------------------------
+cp "$PHASES" "$LOGS/phases.txt" 2>/dev/null
+cp -r /tmp/dynspec-stats "$LOGS/stats" 2>/dev/null
+tar -C /tmp -cJf "$OUT/$NAME-logs.tar.xz" "$(basename "$LOGS")" 2>/dev/null && \
+  note "logs: $(du -h "$OUT/$NAME-logs.tar.xz" | cut -f1)"
+ls -la "$OUT"
+python3 "$REPO/benchmarks/report.py" "$OUT/$NAME.json" || true
+note "done, total $(elapsed "$T0")s"
+exit "$RC"

@@ -1,0 +1,248 @@
+"""Command line: python -m benchmarks.dynspec_bench {sweep,trace,fuzz,offstep} ..."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from importlib import util as importlib_util
+from pathlib import Path
+
+from .modes import DEFAULT_COMMON_FLAGS, OPTIONAL_FLAGS, ServerConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+PRESETS = {
+    # The first H200 call: six Llama-8B-shaped servers do not fit in 139 GB at C=128
+    # (≈104 GB of weights + ≈7 GB KV each), so they run as two waves of three. Requests are capped
+    # at 128 per level (C=32: 4×C, C=128: 1×C) so both waves fit one 600 s call.
+    "first-h200": {
+        "waves": [["off", "on", "dynspec:random"], ["off@nooverlap", "on@topk4", "dynspec:random@topk4"]],
+        "concurrency": [1, 8, 32, 128], "input_len": 256, "output_len": 128, "max_requests": 128,
+    },
+    "quick": {"waves": [["off", "on"]], "concurrency": [1, 8], "input_len": 256, "output_len": 64,
+              "max_requests": 32},
+}
+
+
+def _ints(text: str, field: str) -> list[int]:
+    try:
+        vals = [int(x) for x in str(text).replace(" ", ",").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{field}: expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"{field}: expected positive integers, got {text!r}")
+    return vals
+
+
+def _json_obj(text: str | None, field: str) -> dict | None:
+    if not text:
+        return None
+    try:
+        val = json.loads(text)
+    except ValueError as exc:
+        raise SystemExit(f"{field}: not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(val, dict):
+        raise SystemExit(f"{field}: must be a JSON object, got {text!r}")
+    return val
+
+
+def deterministic_supported(common_flags: list[str]) -> tuple[bool, str]:
+    """--enable-deterministic-inference exists in the installed SGLang and accepts our backend."""
+    spec = importlib_util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return False, "sglang not importable here"
+    src = Path(list(spec.submodule_search_locations)[0]) / "srt" / "server_args.py"
+    if not src.exists() or "enable_deterministic_inference" not in src.read_text(errors="replace"):
+        return False, "this SGLang has no --enable-deterministic-inference"
+    backend = common_flags[common_flags.index("--attention-backend") + 1] \
+        if "--attention-backend" in common_flags else None
+    if backend not in ("triton", "flashinfer"):
+        # Without an explicit backend SGLang picks fa3 on Hopper, which the H200 bundle cannot run.
+        return False, f"attention backend {backend!r} is not a deterministic one usable here (triton/flashinfer)"
+    return True, f"supported with --attention-backend {backend}"
+
+
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("servers")
+    g.add_argument("--model", default=os.environ.get("DYNSPEC_MODEL", str(REPO / "benchmarks/models/llama8b")))
+    g.add_argument("--draft", default=os.environ.get("DYNSPEC_DRAFT", str(REPO / "benchmarks/models/eagle3-llama8b")))
+    g.add_argument("--common-flags", default=None,
+                   help="replace the default SGLang flags (one shell-quoted string)")
+    g.add_argument("--extra-flags", default="", help="appended to every server (one shell-quoted string)")
+    g.add_argument("--no-optional-flags", action="store_true",
+                   help=f"do not add {OPTIONAL_FLAGS} (otherwise added, and dropped on a failed start)")
+    g.add_argument("--mem-fraction-static", type=float, default=0.85,
+                   help="fraction of the GPU memory free at each server's start; --max-total-tokens caps the KV")
+    g.add_argument("--max-total-tokens", type=int, default=None, help="default: max C × (in+out+64), rounded up")
+    g.add_argument("--policy-args", default=os.environ.get("DYNSPEC_POLICY_ARGS"),
+                   help="JSON object for SGLANG_DYNSPEC_POLICY_ARGS")
+    g.add_argument("--stats-root", default=None, help="parent of per-server SGLANG_DYNSPEC_STATS_DIR")
+    g.add_argument("--deterministic", choices=["off", "on", "auto"], default="off",
+                   help="add --enable-deterministic-inference (auto: only where supported; changes kernels)")
+    g.add_argument("--no-metrics", action="store_true", help="do not pass --enable-metrics")
+    g.add_argument("--base-port", type=int, default=None)
+    g.add_argument("--start-timeout", type=float, default=300.0)
+    g.add_argument("--out-dir", default=str(REPO / "benchmarks/results"))
+    g.add_argument("--name", default=None, help="result file stem (default: the subcommand)")
+    g.add_argument("--log-dir", default=None, help="server logs (default: <out-dir>/<name>-logs)")
+    g.add_argument("--deadline-epoch", type=float, default=_env_float("DYNSPEC_DEADLINE_EPOCH"),
+                   help="unix time after which no new level/wave starts (results are still written)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--wave-margin-s", type=float, default=_env_float("DYNSPEC_WAVE_MARGIN_S") or 150.0,
+                   help="do not start a wave of servers with less time than this before the deadline")
+    g.add_argument("--level-margin-s", type=float, default=_env_float("DYNSPEC_LEVEL_MARGIN_S") or 25.0,
+                   help="do not start a level with less time than this before the deadline")
+
+
+def _env_float(name: str) -> float | None:
+    v = os.environ.get(name)
+    return float(v) if v else None
+
+
+def _deadline(args) -> float | None:
+    if args.deadline_epoch is None:
+        return None
+    return time.monotonic() + (args.deadline_epoch - time.time())
+
+
+def _server_cfg(args, max_c: int, name: str) -> ServerConfig:
+    common = shlex.split(args.common_flags) if args.common_flags else list(DEFAULT_COMMON_FLAGS)
+    det = args.deterministic == "on"
+    if args.deterministic == "auto":
+        det, why = deterministic_supported(common)
+        print(f"[dynspec-bench] deterministic inference: {'on' if det else 'off'} ({why})", flush=True)
+    mtt = args.max_total_tokens
+    if mtt is None:
+        need = max_c * (args.input_len + args.output_len + 64)
+        # Floor: small pools make SGLang shrink its prefill chunk and queue requests.
+        mtt = max(32768, int(math.ceil(need / 4096) * 4096))
+    return ServerConfig(
+        model=args.model, draft=args.draft, common_flags=common,
+        optional_flags=[] if args.no_optional_flags else list(OPTIONAL_FLAGS),
+        mem_fraction_static=args.mem_fraction_static, max_total_tokens=mtt,
+        extra_flags=shlex.split(args.extra_flags), policy_args=_json_obj(args.policy_args, "--policy-args"),
+        stats_root=args.stats_root or f"/tmp/dynspec-stats/{name}-{os.getpid()}",
+        deterministic=det, enable_metrics=not args.no_metrics,
+    )
+
+
+def _waves(args, preset: dict) -> list[list[str]]:
+    if args.modes:
+        return [[m.strip() for m in w.split(",") if m.strip()] for w in args.modes]
+    if "waves" in preset:
+        return preset["waves"]
+    raise SystemExit("--modes: give at least one wave of modes, e.g. --modes off,on,dynspec:random")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.dynspec_bench", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for cmd in ("sweep", "trace"):
+        p = sub.add_parser(cmd, help="compare modes over concurrency levels" if cmd == "sweep"
+                           else "compare modes on an open-loop arrival trace")
+        _add_server_args(p)
+        p.add_argument("--preset", choices=sorted(PRESETS), default=None)
+        p.add_argument("--modes", action="append",
+                       help="one wave of comma-separated modes, started together; repeat for more waves")
+        p.add_argument("-C", "--concurrency", type=lambda t: _ints(t, "--concurrency"), default=None)
+        p.add_argument("--input-len", type=int, default=None)
+        p.add_argument("--output-len", type=int, default=None)
+        p.add_argument("--temperature", type=float, default=0.0)
+        p.add_argument("--requests-factor", type=int, default=8, help="requests per level = factor × C")
+        p.add_argument("--min-requests", type=int, default=8)
+        p.add_argument("--max-requests", type=int, default=None)
+        p.add_argument("--warmup-tokens", type=int, default=32)
+        p.add_argument("--prompts-file", default=None, help="JSON list of token-id lists")
+        p.add_argument("--reference", default="off", help="mode the others are compared with, token by token")
+        p.add_argument("--correctness-prompts", type=int, default=16)
+        p.add_argument("--correctness-tokens", type=int, default=64)
+        p.add_argument("--correctness-concurrency", type=int, default=8)
+        p.add_argument("--kind", choices=["sweep", "pair", "trace"], default=cmd)
+        if cmd == "trace":
+            p.add_argument("--trace-file", default=None, help='JSON: [t,...] or {"arrivals_s": [...], "phases": [...]}')
+            p.add_argument("--alternating", default="2,40,20,3",
+                           help="low_rate,high_rate,phase_seconds,cycles for a generated low/high trace")
+    p = sub.add_parser("fuzz", help="random on/off every step: crashes, leaks, output drift")
+    _add_server_args(p)
+    p.add_argument("--policy", default="random")
+    p.add_argument("--variant", default="", help="mode variant for the dynspec and on servers, e.g. topk4")
+    p.add_argument("-C", "--concurrency", type=lambda t: _ints(t, "--concurrency"), default=[1, 8, 32, 128])
+    p.add_argument("--min-decode-steps", type=int, default=2000)
+    p.add_argument("--max-seconds-per-c", type=float, default=120.0)
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=128)
+    p = sub.add_parser("offstep", help="step time with speculation forced off vs a plain server")
+    _add_server_args(p)
+    p.add_argument("--policy", default="never")
+    p.add_argument("--variant", default="")
+    p.add_argument("--batch-sizes", type=lambda t: _ints(t, "--batch-sizes"), default=[1, 8, 32, 128])
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=512)
+    p.add_argument("--requests-factor", type=int, default=2)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    name = args.name or args.cmd
+    full_argv = ["-m", "benchmarks.dynspec_bench", *argv]
+    if args.cmd in ("sweep", "trace"):
+        from .loadgen import alternating_trace, load_trace
+        from .sweep import Sweep, SweepConfig
+
+        preset = PRESETS.get(args.preset or "", {})
+        for key in ("concurrency", "input_len", "output_len", "max_requests"):
+            if getattr(args, key) is None and key in preset:
+                setattr(args, key, preset[key])
+        args.concurrency = args.concurrency or [1, 8, 32, 128]
+        args.input_len = args.input_len or 256
+        args.output_len = args.output_len or 128
+        trace = None
+        max_c = max(args.concurrency)
+        if args.cmd == "trace":
+            if args.trace_file:
+                trace = load_trace(args.trace_file)
+            else:
+                low, high, ps, cyc = args.alternating.split(",")
+                trace = alternating_trace(float(low), float(high), float(ps), int(cyc), seed=args.seed)
+            max_c = 128
+        cfg = SweepConfig(
+            waves=_waves(args, preset), server=_server_cfg(args, max_c, name), concurrency=args.concurrency,
+            input_len=args.input_len, output_len=args.output_len, temperature=args.temperature,
+            requests_factor=args.requests_factor, min_requests=args.min_requests, max_requests=args.max_requests,
+            warmup_tokens=args.warmup_tokens, prompts_file=args.prompts_file, seed=args.seed,
+            correctness_prompts=args.correctness_prompts, correctness_tokens=args.correctness_tokens,
+            correctness_concurrency=args.correctness_concurrency, reference=args.reference,
+            out_dir=args.out_dir, name=name, log_dir=args.log_dir, base_port=args.base_port or 30000,
+            start_timeout_s=args.start_timeout, deadline=_deadline(args), kind=args.kind, trace=trace,
+            wave_margin_s=args.wave_margin_s, level_margin_s=args.level_margin_s,
+        )
+        rec = Sweep(cfg, full_argv).run()
+        return 0 if rec["modes"] else 1
+    if args.cmd == "fuzz":
+        from .fuzz import FuzzConfig, run_fuzz
+
+        cfg = FuzzConfig(server=_server_cfg(args, max(args.concurrency), name), policy=args.policy,
+                         variant=args.variant, concurrency=args.concurrency,
+                         min_decode_steps=args.min_decode_steps, output_len=args.output_len,
+                         input_len=args.input_len, max_seconds_per_c=args.max_seconds_per_c,
+                         out_dir=args.out_dir, name=name, log_dir=args.log_dir, base_port=args.base_port or 30100,
+                         start_timeout_s=args.start_timeout, deadline=_deadline(args), seed=args.seed,
+                         level_margin_s=args.level_margin_s)
+        rec = run_fuzz(cfg, full_argv)
+        return 0 if rec["per_C"] else 1
+    from .offstep import OffstepConfig, run_offstep
+
+    cfg = OffstepConfig(server=_server_cfg(args, max(args.batch_sizes), name), batch_sizes=args.batch_sizes,
+                        variant=args.variant, policy=args.policy, output_len=args.output_len,
+                        input_len=args.input_len, requests_factor=args.requests_factor, out_dir=args.out_dir,
+                        name=name, log_dir=args.log_dir, base_port=args.base_port or 30200, start_timeout_s=args.start_timeout,
+                        deadline=_deadline(args), seed=args.seed, level_margin_s=args.level_margin_s)
+    rec = run_offstep(cfg, full_argv)
+    return 0 if rec["per_bs"] else 1

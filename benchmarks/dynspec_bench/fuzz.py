@@ -1,0 +1,176 @@
+"""Fuzz: a dynspec server whose policy flips every step, driven until N decode steps per C.
+
+Checks per C that the server survives, leaks nothing (log scan), keeps greedy outputs equal to
+the `off` server's, and that speculation still accepts as well as a static `on` server afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import correctness as corr
+from .loadgen import closed_loop, first_errors, sampling_params
+from .modes import ServerConfig, parse_mode, stats_dir_for
+from .prompts import PromptSource
+from .results import base_record, phase, validate, write_json
+from .stats import read_stats
+from .wave import log, running_modes
+
+# The plugin rewrites its stats file about once per second; tests shorten the wait.
+STATS_SETTLE_S = float(os.environ.get("DYNSPEC_STATS_SETTLE_S", "1.5"))
+
+
+@dataclass
+class FuzzConfig:
+    server: ServerConfig
+    policy: str = "random"
+    variant: str = ""  # e.g. "topk4": applies to the dynspec and the `on` server alike
+    concurrency: list[int] = field(default_factory=lambda: [1, 8, 32, 128])
+    min_decode_steps: int = 2000
+    output_len: int = 128
+    input_len: int = 256
+    max_seconds_per_c: float = 120.0
+    out_dir: str = "benchmarks/results"
+    name: str = "fuzz"
+    log_dir: str | None = None
+    base_port: int = 30100
+    start_timeout_s: float = 300.0
+    deadline: float | None = None
+    level_margin_s: float = 25.0
+    seed: int = 0
+    server_factory: object = None
+
+    def __post_init__(self) -> None:
+        if self.min_decode_steps < 1:
+            raise ValueError(f"min_decode_steps must be >= 1, got {self.min_decode_steps}")
+        if not self.concurrency or any(int(c) < 1 for c in self.concurrency):
+            raise ValueError(f"concurrency: need positive integers, got {self.concurrency}")
+
+    def remaining_s(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+
+def _suffix(variant: str) -> str:
+    return f"@{variant}" if variant else ""
+
+
+def _mean_accept(results) -> float | None:
+    vals = [r.completion_tokens / r.spec_verify_ct for r in results if r.ok and r.spec_verify_ct]
+    return round(statistics.fmean(vals), 4) if vals else None
+
+
+def run_fuzz(cfg: FuzzConfig, argv: list[str] | None = None) -> dict:
+    off_m = parse_mode("off" + ("@nooverlap" if "nooverlap" in cfg.variant else ""))
+    on_m = parse_mode("on" + _suffix(cfg.variant))
+    dyn_m = parse_mode(f"dynspec:{cfg.policy}" + _suffix(cfg.variant))
+    out_dir = Path(cfg.out_dir)
+    json_path = out_dir / f"{cfg.name}.json"
+    rec = base_record("fuzz", cfg.server.model, argv)
+    shape = dyn_m.shape
+    rec.update({"policy": cfg.policy, "topk": shape["topk"], "num_steps": shape["num_steps"],
+                "num_draft_tokens": shape["num_draft_tokens"], "per_C": {}, "errors": {},
+                "draft_model": cfg.server.draft,
+                "settings": {"min_decode_steps": cfg.min_decode_steps, "output_len": cfg.output_len,
+                             "input_len": cfg.input_len, "concurrency": cfg.concurrency,
+                             "variant": cfg.variant, "policy_args": cfg.server.policy_args}})
+    from .modes import worker_path_guess
+    rec["worker_path"] = worker_path_guess(dyn_m, rec["sglang_version"])
+    sdir = stats_dir_for(cfg.server.stats_root, dyn_m.name) if cfg.server.stats_root else None
+    prompts = PromptSource(cfg.input_len, cfg.seed)
+    params = sampling_params(cfg.output_len)
+    modes = [off_m, on_m, dyn_m]
+    ports = [cfg.base_port + i for i in range(3)]
+    try:
+        with running_modes(rec, modes, cfg.server, cfg.log_dir or out_dir / f"{cfg.name}-logs", ports,
+                           cfg.start_timeout_s, cfg.server_factory) as live:
+            missing = [m.name for m in modes if m.name not in live]
+            if missing:
+                raise RuntimeError(f"fuzz needs all three servers; failed to start: {missing}")
+            off, on, dyn = live[off_m.name], live[on_m.name], live[dyn_m.name]
+            for ci, c in enumerate(cfg.concurrency):
+                if cfg.remaining_s() < cfg.level_margin_s:
+                    rec.setdefault("skipped", []).append({"C": c, "why": "deadline"})
+                    continue
+                with phase(rec, f"fuzz:C={c}"):
+                    rec["per_C"][str(c)] = _fuzz_level(cfg, c, ci, off, on, dyn, sdir, prompts, params)
+                lv = rec["per_C"][str(c)]
+                log(f"fuzz C={c}: steps={lv['decode_steps']} switches={lv['switches']} crashed={lv['crashed']} "
+                    f"leaks={lv['leak_reports']} mismatched={lv['mismatched']} acc={lv['accept_length_after_resume']}"
+                    f" vs on {lv['accept_length_static_on']}")
+                write_json(json_path, rec)
+                if not dyn.alive():
+                    break
+            rec["server_stats"] = {m.name: live[m.name].log_counts() for m in modes}
+    except RuntimeError as exc:
+        rec["errors"]["run"] = str(exc)
+        log(str(exc))
+    try:
+        validate(rec)
+    except ValueError as exc:
+        rec["validation_error"] = str(exc)
+    write_json(json_path, rec)
+    log(f"wrote {json_path}")
+    return rec
+
+
+def _fuzz_level(cfg, c, ci, off, on, dyn, sdir, prompts, params) -> dict:
+    leaks_before = dyn.log_counts()["leak_reports"]
+    # Correctness at this batch size: at least C prompts so the batch really fills.
+    cp = corr.correctness_prompts(max(corr.DEFAULT_PROMPTS, c), cfg.input_len)
+    ref = corr.collect_outputs(off.base_url, cp, corr.DEFAULT_NEW_TOKENS, c)
+    got = corr.collect_outputs(dyn.base_url, cp, corr.DEFAULT_NEW_TOKENS, c)
+    cmp = corr.compare(ref, got)
+    before = read_stats(sdir)
+    t0 = time.monotonic()
+    requests = failed = 0
+    errors: list[str] = []
+    accepts: list = []
+    steps = switches = None
+    rnd = 0
+    while True:
+        batch = prompts.take(max(c, 8), salt=100 * (ci + 1) + rnd)
+        rnd += 1
+        results, _ = asyncio.run(closed_loop(dyn.base_url, batch, c, params, desc=f"fuzz C={c}"))
+        requests += len(results)
+        failed += sum(1 for r in results if not r.ok)
+        errors += first_errors(results)
+        accepts += results
+        time.sleep(STATS_SETTLE_S)
+        now = read_stats(sdir)
+        if now is not None:
+            b = before or {}
+            steps = now["decode_steps"] - b.get("decode_steps", 0)
+            switches = now["switches"] - b.get("switches", 0)
+        if not dyn.alive() or failed:
+            break
+        if steps is not None and steps >= cfg.min_decode_steps:
+            break
+        if steps is None and rnd >= 3:
+            break  # no stats file: the plugin is not reporting; do not loop blindly
+        if time.monotonic() - t0 > cfg.max_seconds_per_c or cfg.remaining_s() < cfg.level_margin_s:
+            break
+    stats_now = read_stats(sdir) or {}
+    acc_src = "stats.accept_length_on_steps"
+    acc = stats_now.get("accept_length_on_steps")
+    if acc is None:
+        acc, acc_src = _mean_accept(accepts), "meta_info completion_tokens/spec_verify_ct"
+    static = asyncio.run(closed_loop(on.base_url, prompts.take(max(2 * c, 8), salt=7000 + ci), c, params,
+                                     desc=f"on C={c}"))[0]
+    level = {
+        "decode_steps": steps, "switches": switches,
+        "crashed": (not dyn.alive()) or failed > 0,
+        "leak_reports": dyn.log_counts()["leak_reports"] - leaks_before,
+        "requests": requests, "failed": failed,
+        "mismatched": cmp["mismatched"], "first_mismatch": cmp["first_mismatch"],
+        "accept_length_after_resume": acc, "accept_length_source": acc_src,
+        "accept_length_static_on": _mean_accept(static),
+        "server_avg_spec_accept_length": dyn.avg_spec_accept_length() if dyn.alive() else None,
+    }
+    if errors:
+        level["errors"] = errors[:3]
+    return level

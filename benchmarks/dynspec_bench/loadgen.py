@@ -1,0 +1,295 @@
+"""Async load generator for SGLang's native /generate endpoint (token ids in, token ids out)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+try:
+    from tqdm import tqdm
+except ImportError:  # progress bars are a nicety, not a requirement
+    tqdm = None
+
+
+@dataclass
+class RequestResult:
+    index: int
+    ok: bool = False
+    error: str | None = None
+    start_s: float = 0.0  # relative to the run start
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    completion_tokens: int = 0
+    spec_verify_ct: int | None = None
+    spec_accept_length: float | None = None
+    finish_reason: str | None = None
+    output_ids: list[int] = field(default_factory=list)
+    phase: str | None = None
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.ok or self.ttft_s is None or self.latency_s is None or self.completion_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.completion_tokens - 1)
+
+
+def sampling_params(max_new_tokens: int, temperature: float = 0.0, **extra) -> dict:
+    if int(max_new_tokens) < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if float(temperature) < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    return {"max_new_tokens": int(max_new_tokens), "ignore_eos": True, "temperature": float(temperature), **extra}
+
+
+def _parse_finish(meta: dict) -> str | None:
+    fr = meta.get("finish_reason")
+    if isinstance(fr, dict):
+        return fr.get("type")
+    return fr
+
+
+async def send_one(
+    session: aiohttp.ClientSession, base_url: str, index: int, input_ids: list[int], params: dict, t0: float
+) -> RequestResult:
+    res = RequestResult(index=index)
+    start = time.perf_counter()
+    res.start_s = start - t0
+    payload = {"input_ids": input_ids, "sampling_params": params, "stream": True}
+    last_ids: list[int] = []
+    concat: list[int] = []
+    meta: dict = {}
+    try:
+        async with session.post(base_url + "/generate", json=payload) as resp:
+            if resp.status != 200:
+                res.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
+                return res
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    res.error = f"server error: {str(chunk['error'])[:300]}"
+                    return res
+                ids = chunk.get("output_ids") or []
+                if ids and res.ttft_s is None:
+                    res.ttft_s = time.perf_counter() - start
+                last_ids = list(ids)
+                concat.extend(ids)
+                meta = chunk.get("meta_info") or meta
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        res.error = f"{type(exc).__name__}: {exc}"[:300]
+        return res
+    res.latency_s = time.perf_counter() - start
+    n = int(meta.get("completion_tokens", len(last_ids)))
+    # SGLang streams cumulative ids by default and deltas with --incremental-streaming-output.
+    res.output_ids = last_ids if len(last_ids) == n or len(concat) != n else concat
+    res.completion_tokens = n
+    res.finish_reason = _parse_finish(meta)
+    vct = meta.get("spec_verify_ct")
+    res.spec_verify_ct = int(vct) if vct is not None else None
+    acc = meta.get("spec_accept_length")
+    res.spec_accept_length = float(acc) if acc is not None else None
+    if res.finish_reason == "abort":
+        res.error = f"aborted: {meta.get('finish_reason')}"
+    elif n == 0:
+        res.error = "no tokens returned"
+    else:
+        res.ok = True
+    return res
+
+
+def _session(limit: int, timeout_s: float) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit),  # 0 = unlimited
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s),
+    )
+
+
+def _progress(total: int, desc: str):
+    if tqdm is None or os.environ.get("DYNSPEC_BENCH_NO_PROGRESS"):
+        return None
+    # disable=None: bars only on a terminal, so captured logs stay readable.
+    return tqdm(total=total, desc=desc, mininterval=5.0, leave=False, disable=None)
+
+
+async def closed_loop(
+    base_url: str, prompts: list[list[int]], concurrency: int, params: dict,
+    desc: str = "", timeout_s: float = 600.0,
+) -> tuple[list[RequestResult], float]:
+    """Keep exactly `concurrency` requests in flight until all prompts are served."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    results: list[RequestResult | None] = [None] * len(prompts)
+    next_index = 0
+    bar = _progress(len(prompts), desc)
+
+    async def worker(session: aiohttp.ClientSession, t0: float) -> None:
+        nonlocal next_index
+        while next_index < len(prompts):
+            i = next_index
+            next_index += 1
+            results[i] = await send_one(session, base_url, i, prompts[i], params, t0)
+            if bar is not None:
+                bar.update(1)
+
+    async with _session(concurrency, timeout_s) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(session, t0) for _ in range(min(concurrency, len(prompts)))))
+        wall = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    return [r for r in results if r is not None], wall
+
+
+async def open_loop(
+    base_url: str, prompts: list[list[int]], arrivals_s: list[float], params: dict,
+    phases: list[str] | None = None, desc: str = "", timeout_s: float = 600.0,
+) -> tuple[list[RequestResult], float]:
+    """Send prompt i at arrivals_s[i] seconds after the start, whatever is still in flight."""
+    if len(arrivals_s) > len(prompts):
+        raise ValueError(f"trace has {len(arrivals_s)} arrivals but only {len(prompts)} prompts")
+    bar = _progress(len(arrivals_s), desc)
+
+    async def one(session, i, t0):
+        delay = t0 + arrivals_s[i] - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        r = await send_one(session, base_url, i, prompts[i], params, t0)
+        r.phase = phases[i] if phases else None
+        if bar is not None:
+            bar.update(1)
+        return r
+
+    async with _session(0, timeout_s) as session:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(one(session, i, t0) for i in range(len(arrivals_s))))
+        wall = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    return list(results), wall
+
+
+# ---- traces ------------------------------------------------------------------------------
+def poisson_arrivals(rate_per_s: float, duration_s: float, seed: int = 0, start_s: float = 0.0) -> list[float]:
+    if rate_per_s <= 0 or duration_s <= 0:
+        raise ValueError(f"rate_per_s and duration_s must be > 0, got {rate_per_s}, {duration_s}")
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate_per_s)
+        if t >= duration_s:
+            return out
+        out.append(start_s + t)
+
+
+def phase_trace(phases: list[tuple[str, float, float]], seed: int = 0) -> tuple[list[float], list[str]]:
+    """phases = [(label, duration_s, rate_per_s), ...] -> (arrival times, phase label per arrival)."""
+    arrivals: list[float] = []
+    labels: list[str] = []
+    start = 0.0
+    for k, (label, dur, rate) in enumerate(phases):
+        part = poisson_arrivals(rate, dur, seed=seed * 1000 + k, start_s=start)
+        arrivals += part
+        labels += [label] * len(part)
+        start += dur
+    return arrivals, labels
+
+
+def alternating_trace(low_rate: float, high_rate: float, phase_s: float, cycles: int, seed: int = 0):
+    phases = []
+    for c in range(cycles):
+        phases.append((f"low{c}", phase_s, low_rate))
+        phases.append((f"high{c}", phase_s, high_rate))
+    return phase_trace(phases, seed)
+
+
+def load_trace(path: str | Path) -> tuple[list[float], list[str] | None]:
+    """JSON: a list of arrival seconds, or {"arrivals_s": [...], "phases": [...]} (phases optional)."""
+    data = json.loads(Path(path).read_text())
+    phases = None
+    if isinstance(data, dict):
+        phases = data.get("phases")
+        data = data.get("arrivals_s")
+    if not isinstance(data, list) or not all(isinstance(t, (int, float)) and t >= 0 for t in data):
+        raise ValueError(f"{path}: 'arrivals_s' must be a list of non-negative numbers")
+    if phases is not None and (not isinstance(phases, list) or len(phases) != len(data)):
+        raise ValueError(f"{path}: 'phases' must be a list as long as 'arrivals_s'")
+    order = sorted(range(len(data)), key=lambda i: data[i])
+    return [float(data[i]) for i in order], ([str(phases[i]) for i in order] if phases else None)
+
+
+# ---- summary -----------------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in [0, 100]); None for no data."""
+    vals = sorted(v for v in values if v is not None)
+    if not vals:
+        return None
+    if len(vals) == 1:
+        return vals[0]
+    cuts = statistics.quantiles(vals, n=100, method="inclusive")
+    if q <= 0:
+        return vals[0]
+    if q >= 100:
+        return vals[-1]
+    lo = int(q)
+    if lo == q:
+        return cuts[lo - 1]
+    a = cuts[lo - 1] if lo >= 1 else vals[0]
+    return a + (q - lo) * (cuts[lo] - a)
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v * 1000.0, 3)
+
+
+def summarize(results: list[RequestResult], wall_s: float) -> dict:
+    ok = [r for r in results if r.ok]
+    tokens = sum(r.completion_tokens for r in ok)
+    tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
+    accept = [r.completion_tokens / r.spec_verify_ct for r in ok if r.spec_verify_ct]
+    return {
+        "output_tok_per_s": round(tokens / wall_s, 3) if wall_s > 0 else None,
+        "tpot_p50_ms": _ms(percentile(tpots, 50)),
+        "tpot_p99_ms": _ms(percentile(tpots, 99)),
+        "ttft_p50_ms": _ms(percentile([r.ttft_s for r in ok], 50)),
+        "accept_length": round(statistics.fmean(accept), 4) if accept else None,
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "completion_tokens": tokens,
+        "wall_s": round(wall_s, 3),
+    }
+
+
+def summarize_by_phase(results: list[RequestResult], wall_s: float) -> dict:
+    out = {}
+    for label in dict.fromkeys(r.phase for r in results if r.phase is not None):
+        part = [r for r in results if r.phase == label]
+        span = max((r.start_s + (r.latency_s or 0)) for r in part) - min(r.start_s for r in part)
+        out[label] = summarize(part, span if span > 0 else wall_s)
+    return out
+
+
+def first_errors(results: list[RequestResult], n: int = 3) -> list[str]:
+    return [f"#{r.index}: {r.error}" for r in results if r.error][:n]
+
+
+def result_dicts(results: list[RequestResult], with_ids: bool = False) -> list[dict]:
+    out = []
+    for r in results:
+        d = asdict(r)
+        if not with_ids:
+            d.pop("output_ids")
+        out.append(d)
+    return out

@@ -1,0 +1,183 @@
+"""A stand-in for `python -m sglang.launch_server` that speaks the endpoints the harness uses.
+
+Behaviour is set by flags (the harness passes SGLang's, unknown ones are ignored) and env vars:
+  FAKE_SGLANG_TOKEN_DELAY_S   seconds per generated token (default 0.002)
+  FAKE_SGLANG_STARTUP_S       seconds before /health_generate answers 200 (default 0.3)
+  FAKE_SGLANG_DIE_IF_FLAG     exit(3) at start when this flag is on the command line
+  FAKE_SGLANG_FAIL_EVERY      answer HTTP 500 to every Nth /generate (0 = never)
+  FAKE_SGLANG_FLIP_AT         "idx": change output token idx of every request (simulated drift)
+  FAKE_SGLANG_LEAK_LINES      print this many leak-report lines at start
+  FAKE_SGLANG_ACCEPT          accept length reported when speculating (default 2.0)
+It also starts a sleeping child process, like SGLang's scheduler, to test process-group cleanup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+
+def token_for(input_ids: list[int], i: int) -> int:
+    return (sum(input_ids) * 31 + i * 7919) % 29000 + 1000
+
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    args, _unknown = p.parse_known_args(argv)
+    return args
+
+
+class State:
+    def __init__(self, argv):
+        self.argv = argv
+        self.args = parse(argv)
+        self.t_start = time.monotonic()
+        self.delay = float(os.environ.get("FAKE_SGLANG_TOKEN_DELAY_S", "0.002"))
+        self.startup = float(os.environ.get("FAKE_SGLANG_STARTUP_S", "0.3"))
+        self.fail_every = int(os.environ.get("FAKE_SGLANG_FAIL_EVERY", "0") or 0)
+        flip = os.environ.get("FAKE_SGLANG_FLIP_AT", "")
+        self.flip_at = int(flip) if flip else None
+        self.accept = float(os.environ.get("FAKE_SGLANG_ACCEPT", "2.0"))
+        self.spec = self.args.speculative_algorithm is not None
+        self.n_requests = 0
+        self.stats_dir = os.environ.get("SGLANG_DYNSPEC_STATS_DIR") if os.environ.get("SGLANG_DYNSPEC_ENABLED") else None
+        self.policy = os.environ.get("SGLANG_DYNSPEC_POLICY")
+        self.counters = {"decode_steps": 0, "steps_on": 0, "steps_off": 0, "switches": 0, "policy_errors": 0}
+        self.rng = random.Random(0)
+        self.last_on = None
+        self.spec_tokens = 0
+        self.spec_verify = 0
+
+    def step(self):
+        """One simulated decode step of the dynspec plugin (policy 'random' flips a coin)."""
+        on = self.rng.random() < 0.5 if self.policy == "random" else self.policy not in ("never", None)
+        self.counters["decode_steps"] += 1
+        self.counters["steps_on" if on else "steps_off"] += 1
+        if self.last_on is not None and on != self.last_on:
+            self.counters["switches"] += 1
+        self.last_on = on
+
+    def write_stats(self):
+        if not self.stats_dir:
+            return
+        d = Path(self.stats_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        data = {"pid": os.getpid(), "tp_rank": 0, "policy": self.policy, "worker_path": "spec_v2", **self.counters}
+        tmp = d / f".stats-{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, d / f"stats-{os.getpid()}.json")
+
+
+async def health(request):
+    st: State = request.app["state"]
+    ready = time.monotonic() - st.t_start >= st.startup
+    return web.Response(status=200 if ready else 503)
+
+
+async def server_info(request):
+    st: State = request.app["state"]
+    internal = {}
+    if st.spec and st.spec_verify:
+        internal["avg_spec_accept_length"] = st.spec_tokens / st.spec_verify
+    return web.json_response({"internal_states": [internal], "version": "0.0.fake", "port": st.args.port})
+
+
+async def metrics(request):
+    st: State = request.app["state"]
+    return web.Response(text=f"# HELP fake\nsglang:num_requests_total{{model=\"x\"}} {st.n_requests}\n")
+
+
+async def generate(request):
+    st: State = request.app["state"]
+    body = await request.json()
+    st.n_requests += 1
+    if st.fail_every and st.n_requests % st.fail_every == 0:
+        return web.json_response({"error": {"message": "injected failure"}}, status=500)
+    ids = body.get("input_ids")
+    sp = body.get("sampling_params") or {}
+    n = int(sp.get("max_new_tokens", 16))
+    if not isinstance(ids, list) or not ids:
+        return web.json_response({"error": {"message": "input_ids required"}}, status=400)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    out: list[int] = []
+    await asyncio.sleep(st.delay)  # prefill
+    for i in range(n):
+        tok = token_for(ids, i)
+        if st.flip_at is not None and i == st.flip_at:
+            tok += 1
+        out.append(tok)
+        st.step()
+        meta = {"completion_tokens": len(out), "prompt_tokens": len(ids), "finish_reason": None}
+        if i == n - 1:
+            meta["finish_reason"] = {"type": "length", "length": n}
+            if st.spec:
+                vct = max(1, math.ceil(n / st.accept))
+                meta["spec_verify_ct"] = vct
+                meta["spec_accept_length"] = n / vct
+                st.spec_tokens += n
+                st.spec_verify += vct
+        await resp.write(b"data: " + json.dumps({"output_ids": list(out), "meta_info": meta}).encode() + b"\n\n")
+        if i < n - 1:
+            await asyncio.sleep(st.delay)
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def stats_writer(app):
+    st: State = app["state"]
+
+    async def loop():
+        while True:
+            st.write_stats()
+            await asyncio.sleep(0.2)
+
+    task = asyncio.create_task(loop())
+    yield
+    task.cancel()
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    die_flag = os.environ.get("FAKE_SGLANG_DIE_IF_FLAG")
+    if die_flag and die_flag in argv:
+        print(f"error: unrecognized arguments: {die_flag}", flush=True)
+        raise SystemExit(3)
+    for _ in range(int(os.environ.get("FAKE_SGLANG_LEAK_LINES", "0") or 0)):
+        print("ValueError: token_to_kv_pool_allocator memory leak detected! available_size=1", flush=True)
+    # A child in our process group, standing in for the scheduler process.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    pidfile = os.environ.get("FAKE_SGLANG_CHILD_PIDFILE")
+    if pidfile:
+        Path(pidfile).write_text(str(child.pid))
+    st = State(argv)
+    app = web.Application()
+    app["state"] = st
+    app.router.add_get("/health_generate", health)
+    app.router.add_get("/health", health)
+    app.router.add_get("/server_info", server_info)
+    app.router.add_get("/get_server_info", server_info)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/generate", generate)
+    app.cleanup_ctx.append(stats_writer)
+    print(f"fake sglang on {st.args.host}:{st.args.port} spec={st.spec} policy={st.policy}", flush=True)
+    web.run_app(app, host=st.args.host, port=st.args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()

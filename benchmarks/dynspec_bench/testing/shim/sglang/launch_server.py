@@ -1,0 +1,3 @@
+from benchmarks.dynspec_bench.testing.fake_server import main
+
+main()

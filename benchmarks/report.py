@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Print markdown tables from harness result files: python benchmarks/report.py results/*.json"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _f(v, nd=1):
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def sweep_table(rec: dict) -> str:
+    modes = rec.get("modes") or {}
+    levels = sorted({c for lv in modes.values() for c in lv}, key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else c))
+    ratios = rec.get("ratio_to_best_static") or {}
+    lines = ["| mode | " + " | ".join(f"C={c}" for c in levels) + " |",
+             "|---|" + "---:|" * len(levels)]
+    for name, lv in modes.items():
+        cells = []
+        for c in levels:
+            x = lv.get(c)
+            if not x:
+                cells.append("–")
+                continue
+            r = (ratios.get(name) or {}).get(c)
+            cell = f"{_f(x.get('output_tok_per_s'), 0)} ({_f(r, 2)}×)"
+            if x.get("failed"):
+                cell += f" {x['failed']} failed"
+            cells.append(cell)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("| mode | C | tok/s | TPOT p50 ms | TPOT p99 ms | TTFT p50 ms | accept | switches | req | failed |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, lv in modes.items():
+        for c in levels:
+            x = lv.get(c)
+            if x:
+                lines.append(f"| {name} | {c} | {_f(x.get('output_tok_per_s'), 0)} | {_f(x.get('tpot_p50_ms'), 2)} | "
+                             f"{_f(x.get('tpot_p99_ms'), 2)} | {_f(x.get('ttft_p50_ms'), 1)} | "
+                             f"{_f(x.get('accept_length'), 2)} | {_f(x.get('switches'))} | {x.get('requests')} | "
+                             f"{x.get('failed')} |")
+    corr = rec.get("correctness") or {}
+    if corr:
+        ref = (rec.get("settings") or {}).get("reference_used")
+        lines += ["", f"Greedy outputs vs `{ref}` (first mismatching token index per request; – = identical):", "",
+                  "| mode | mismatched / requests | first mismatch |", "|---|---:|---|"]
+        for name, c in corr.items():
+            fm = ", ".join("–" if i is None else str(i) for i in c.get("first_mismatch", []))
+            lines.append(f"| {name} | {c.get('mismatched')} / {c.get('requests')} | {fm} |")
+    return "\n".join(lines)
+
+
+def fuzz_table(rec: dict) -> str:
+    lines = [f"policy `{rec.get('policy')}`", "",
+             "| C | decode steps | switches | crashed | leak reports | requests | mismatched | accept after resume | accept static on |",
+             "|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for c, x in sorted((rec.get("per_C") or {}).items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| {c} | {_f(x.get('decode_steps'))} | {_f(x.get('switches'))} | {x.get('crashed')} | "
+                     f"{x.get('leak_reports')} | {x.get('requests')} | {_f(x.get('mismatched'))} | "
+                     f"{_f(x.get('accept_length_after_resume'), 2)} | {_f(x.get('accept_length_static_on'), 2)} |")
+    return "\n".join(lines)
+
+
+def offstep_table(rec: dict) -> str:
+    lines = ["| bs | off step ms | plain step ms | ratio |", "|---:|---:|---:|---:|"]
+    for bs, x in sorted((rec.get("per_bs") or {}).items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| {bs} | {_f(x.get('off_step_ms'), 3)} | {_f(x.get('plain_step_ms'), 3)} | {_f(x.get('ratio'), 3)} |")
+    return "\n".join(lines)
+
+
+def report(rec: dict, source: str = "") -> str:
+    head = (f"### {source} — {rec.get('kind')} | model {rec.get('model')} | SGLang {rec.get('sglang_version')} | "
+            f"torch {rec.get('torch_version')} | {rec.get('gpu')} | commit {rec.get('git_commit')}")
+    kind = rec.get("kind")
+    body = fuzz_table(rec) if kind == "fuzz" else offstep_table(rec) if kind == "offstep" else sweep_table(rec)
+    tail = []
+    if rec.get("skipped"):
+        tail.append(f"Skipped (deadline/death): {rec['skipped']}")
+    for name, err in (rec.get("errors") or {}).items():
+        tail.append(f"Error in {name}: {str(err)[:300]}")
+    return "\n".join([head, "", body, *(["", *tail] if tail else [])])
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    rc = 0
+    for path in argv:
+        try:
+            rec = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            print(f"{path}: cannot read result ({exc})", file=sys.stderr)
+            rc = 1
+            continue
+        print(report(rec, Path(path).name))
+        print()
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,23 @@
+"""Adapters: what "speculation off" means on each SGLang worker path.
+
+One module per worker path (`spec_v2.py` for `EAGLEWorkerV2`, `v1.py` for `EAGLEWorker`).
+Each module exposes the same small contract, which `sglang_dynspec.activation` drives:
+
+``decode_batch_size(worker, batch) -> int | None``
+    Number of decode rows when ``batch`` (exactly what ``forward_batch_generation`` received)
+    is a decode batch that may run without speculation; ``None`` for extend / idle / mixed /
+    anything the adapter cannot turn off.  Must be cheap (no GPU sync, no tensor reads).
+
+``forward_off(worker, batch, *args, **kwargs) -> GenerationBatchResult``
+    Run the step without speculation: plain one-token target decode + minimal draft KV sync,
+    returning the result object the installed release's scheduler expects.  ``args``/``kwargs``
+    are the remaining arguments of ``forward_batch_generation`` (e.g. ``on_publish``).
+
+``extra_hooks() -> list[tuple[str, str, Callable]]``
+    Further (dotted target, "around" | "after", function) hooks the adapter needs, e.g. a guard
+    that keeps a plain decode batch away from verify-only CUDA graphs.  Targets come from
+    :mod:`sglang_dynspec.compat`.
+
+``prepare(worker) -> None``
+    Optional one-time setup on the first decode step of a worker (e.g. capturing graphs).
+"""

@@ -1,0 +1,566 @@
+"""Speculation-off step for ``EAGLEWorkerV2`` (``sglang.srt.speculative.eagle_worker_v2``).
+
+An off-step behaves like a normal speculative step in which the target rejected every draft:
+the target runs one plain DECODE token per request (input = previous bonus token, position =
+``seq_lens``, ``spec_info=None``), and the upstream decode draft-extend then fills the draft KV
+cache over the usual ``num_draft_tokens`` window with only window slot 0 meaningful
+(``accept_lens == 1``).  The result carries exactly the fields the installed release's scheduler
+reads for a spec-v2 step, so the FutureMap / result processor / KV accounting run unchanged:
+one token is committed per request, and the over-allocated slots stay owned by the request.
+
+Two input shapes exist (see ``v2_input_kind``):
+
+* ``"model_worker_batch"`` (0.5.11-0.5.12): ``forward_batch_generation(model_worker_batch)``,
+  overlap scheduler only, runs on the forward stream; the next draft input carries
+  ``new_seq_lens`` + ``verify_done``.
+* ``"schedule_batch"`` (>= 0.5.13): ``forward_batch_generation(batch, on_publish=None, ...)``
+  inside ``Scheduler._forward_isolation``; ``new_seq_lens`` travels on the result and
+  ``on_publish(new_seq_lens)`` must be called before the draft-extend.
+
+Graphs: a TARGET_VERIFY graph runner must never replay a DECODE batch (``extra_hooks``).  On the
+model-worker-batch family, ``prepare`` can capture a separate set of DECODE graphs for the target
+on a fresh attention backend and swap them in for the off-step (see ``_capture_offstep_graphs``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import logging
+import os
+from typing import Any, Callable
+
+logger = logging.getLogger("sglang_dynspec.adapters.spec_v2")
+
+V2_MODULE = "sglang.srt.speculative.eagle_worker_v2"
+V2_CLASS = "EAGLEWorkerV2"
+FORWARD_TARGET = f"{V2_MODULE}.{V2_CLASS}.forward_batch_generation"
+
+# Per-worker state lives on the worker under this attribute (prepared flag, off-step graphs).
+_STATE_ATTR = "_dynspec_spec_v2_state"
+
+
+# --- compat candidates ---
+# Version-dependent helpers, keyed by feature detection.  The lead moves these to compat.py.
+
+
+def v2_worker_module():
+    return importlib.import_module(V2_MODULE)
+
+
+def v2_worker_class():
+    return getattr(v2_worker_module(), V2_CLASS)
+
+
+def v2_input_kind() -> str:
+    """``"model_worker_batch"`` (<= 0.5.12) or ``"schedule_batch"`` (>= 0.5.13), from the
+    first parameter name of the installed ``EAGLEWorkerV2.forward_batch_generation``."""
+    fn = inspect.unwrap(v2_worker_class().forward_batch_generation)
+    params = list(inspect.signature(fn).parameters)
+    first = params[1] if len(params) > 1 else ""
+    return "model_worker_batch" if first == "model_worker_batch" else "schedule_batch"
+
+
+def dataclass_field_names(cls) -> frozenset:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def only_fields(cls, **values) -> dict:
+    """Keep the keyword values ``cls`` (a dataclass) knows; field names changed across releases."""
+    names = dataclass_field_names(cls)
+    return {k: v for k, v in values.items() if k in names}
+
+
+def draft_input_bonus_field(draft_input_cls) -> str:
+    # 0.5.12 renamed verified_id -> bonus_tokens.
+    names = dataclass_field_names(draft_input_cls)
+    return "bonus_tokens" if "bonus_tokens" in names else "verified_id"
+
+
+def graph_guard_targets() -> list[str]:
+    """Dotted ``can_run`` targets of the target-model decode graph runner, newest layout first.
+    Only modules that exist in the installed release are returned (find_spec, no import)."""
+    candidates = [
+        # >= 0.5.14
+        ("sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner.can_run_graph"),
+        # <= 0.5.13
+        ("sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner.can_run"),
+    ]
+    out = []
+    for mod, attr in candidates:
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            found = False
+        if found:
+            out.append(f"{mod}.{attr}")
+            break  # the newer runner replaces the older one; hook only the live one
+    return out
+
+
+def target_graph_runner_attr(model_runner) -> str:
+    # 0.5.14 renamed ModelRunner.graph_runner -> decode_cuda_graph_runner.
+    return "decode_cuda_graph_runner" if hasattr(model_runner, "decode_cuda_graph_runner") else "graph_runner"
+
+
+def draft_contexts(worker) -> contextlib.ExitStack:
+    """The context managers upstream wraps every draft-model call in (TP group, MoE backends)."""
+    mod = v2_worker_module()
+    stack = contextlib.ExitStack()
+    dw = worker.draft_worker
+    tp_ctx = getattr(dw, "draft_tp_context", None)
+    if callable(tp_ctx) and hasattr(getattr(dw, "draft_runner", None), "tp_group"):
+        # <= 0.5.2x: per-worker callable taking the draft runner's tp_group.
+        stack.enter_context(tp_ctx(dw.draft_runner.tp_group))
+    elif hasattr(dw, "parallel_layout") and callable(getattr(mod, "draft_tp_context", None)):
+        # 0.5.23: module-level draft_tp_context(parallel_layout).
+        stack.enter_context(mod.draft_tp_context(dw.parallel_layout))
+    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
+        fn = getattr(mod, name, None)
+        if callable(fn):
+            stack.enter_context(fn())
+    return stack
+
+
+# --- end compat candidates ---
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _defines_forward(cls) -> type | None:
+    """The class in ``cls``'s MRO whose own __dict__ defines forward_batch_generation."""
+    for klass in cls.__mro__:
+        if "forward_batch_generation" in vars(klass):
+            return klass
+    return None
+
+
+_TYPE_OK: dict[type, bool] = {}
+
+
+def _is_plain_v2_worker(worker) -> bool:
+    """EAGLEWorkerV2 or a subclass that inherits its forward_batch_generation (StandaloneWorkerV2).
+    Subclasses that override it (FrozenKVMTPWorkerV2, ...) are left alone."""
+    cls = type(worker)
+    ok = _TYPE_OK.get(cls)
+    if ok is None:
+        try:
+            ok = _defines_forward(cls) is v2_worker_class()
+        except Exception:  # noqa: BLE001 - module missing or odd class: not ours
+            ok = False
+        _TYPE_OK[cls] = ok
+    return ok
+
+
+def _state(worker) -> dict:
+    st = worker.__dict__.get(_STATE_ATTR)
+    if st is None:
+        st = {"unsupported": None, "graphs": None}
+        worker.__dict__[_STATE_ATTR] = st
+    return st
+
+
+def unsupported_reason(worker) -> str | None:
+    """Why this worker can never run an off-step (cached), or None."""
+    st = _state(worker)
+    if st["unsupported"] is not None:
+        return st["unsupported"] or None
+    reason = _compute_unsupported_reason(worker)
+    st["unsupported"] = reason or ""
+    if reason:
+        logger.warning("dynspec: off-steps disabled on this %s: %s", type(worker).__name__, reason)
+    return reason
+
+
+def _compute_unsupported_reason(worker) -> str | None:
+    if not _is_plain_v2_worker(worker):
+        return "worker class overrides forward_batch_generation"
+    algo = getattr(worker, "speculative_algorithm", None)
+    if algo is None or not (algo.is_eagle() or algo.is_standalone()):
+        return f"speculative algorithm {algo!r} is not EAGLE/EAGLE3/STANDALONE"
+    sa = worker.server_args
+    if getattr(sa, "enable_dp_attention", False):
+        return "DP attention (off-step would need all DP ranks to agree)"
+    if getattr(sa, "pp_size", 1) > 1:
+        return "pipeline parallelism"
+    if getattr(sa, "enable_two_batch_overlap", False):
+        return "two-batch overlap"
+    mr = worker.target_worker.model_runner
+    if getattr(mr, "hybrid_gdn_config", None) is not None or getattr(mr, "mamba2_config", None) is not None:
+        return "hybrid mamba/GDN target (verify-time state commit not replicated)"
+    kv = worker.token_to_kv_pool_allocator.get_kvcache()
+    if getattr(kv, "clear_unaccepted_c128_draft_states", None) is not None:
+        return "compressed-KV target (draft-state cleanup not replicated)"
+    return None
+
+
+def _batch_wants_hidden_states(batch) -> bool:
+    val = getattr(batch, "return_hidden_states", None)
+    if val is not None:
+        return bool(val)
+    reqs = getattr(batch, "reqs", None) or ()
+    return any(getattr(r, "return_hidden_states", False) for r in reqs)
+
+
+def _batch_has_grammar(batch) -> bool:
+    if getattr(batch, "has_grammar", False):
+        return True
+    si = getattr(batch, "sampling_info", None)
+    return bool(getattr(si, "grammars", None))
+
+
+def decode_batch_size(worker, batch) -> int | None:
+    """Rows of ``batch`` when it is a pure decode batch this adapter can run without speculation.
+
+    No GPU sync: only Python attributes and tensor shapes are read.  Declines (None) batches whose
+    post-processing differs between a verify and a plain decode in ways not replicated here:
+    logprobs, returned hidden states, grammar (constrained decoding), DP-attention padding.
+    """
+    if not _is_plain_v2_worker(worker):
+        return None
+    fm = getattr(batch, "forward_mode", None)
+    if fm is None or not fm.is_decode():
+        return None
+    if getattr(batch, "is_extend_in_batch", False):
+        return None
+    si = getattr(batch, "spec_info", None)
+    if si is None:
+        return None
+    is_draft = getattr(si, "is_draft_input", None)
+    if callable(is_draft) and not is_draft():
+        return None  # e.g. a pre-built verify input (PP relay, 0.5.23)
+    if getattr(batch, "return_logprob", False):
+        return None
+    if getattr(batch, "global_num_tokens", None) is not None:
+        return None
+    if _batch_has_grammar(batch) or _batch_wants_hidden_states(batch):
+        return None
+    if getattr(batch, "return_hidden_states_before_norm", False):
+        return None
+    if unsupported_reason(worker):
+        return None
+    seq_lens = getattr(batch, "seq_lens", None)
+    if seq_lens is None:
+        return None
+    bs = int(seq_lens.shape[0])
+    return bs if bs > 0 else None
+
+
+def _capture_mode_for_target(worker):
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    # The draft-extend reads the target hidden states; FULL == LAST for one token per request,
+    # and FULL is what verify uses, so off-step graphs (captured FULL) can be replayed.
+    return CaptureHiddenMode.NULL if worker.speculative_algorithm.is_standalone() else CaptureHiddenMode.FULL
+
+
+def _window_locs(worker, batch, ndt: int):
+    """KV slots of positions [seq_lens, seq_lens + ndt) per request (already allocated by
+    prepare_for_decode's over-allocation), flattened request-major, int64."""
+    torch = _torch()
+    seq_lens = batch.seq_lens
+    req_to_token = worker.req_to_token_pool.req_to_token
+    offs = seq_lens.to(torch.int64).unsqueeze(1) + torch.arange(ndt, device=seq_lens.device, dtype=torch.int64)
+    rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1)
+    return req_to_token[rows, offs].reshape(-1).to(torch.int64)
+
+
+@contextlib.contextmanager
+def _offstep_graphs_active(worker):
+    """Swap the target's attention backend and decode graph runner for the off-step ones."""
+    g = _state(worker).get("graphs")
+    if not g:
+        yield
+        return
+    mr = worker.target_worker.model_runner
+    attr = g["runner_attr"]
+    saved = (mr.attn_backend, getattr(mr, attr))
+    mr.attn_backend = g["attn_backend"]
+    setattr(mr, attr, g["runner"])
+    try:
+        yield
+    finally:
+        mr.attn_backend = saved[0]
+        setattr(mr, attr, saved[1])
+
+
+def _target_decode(worker, batch, kind: str, bonus, window, ndt: int):
+    """One plain DECODE token per request on the target; returns (GenerationBatchResult, new_seq_lens)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    torch = _torch()
+    bs = int(batch.seq_lens.shape[0])
+    new_seq_lens = batch.seq_lens + 1
+    overrides = {
+        "forward_mode": ForwardMode.DECODE,
+        "input_ids": bonus.to(torch.int64),
+        # Slot of position seq_lens: window slot 0 of each request.
+        "out_cache_loc": window.view(bs, ndt)[:, 0].contiguous(),
+        "seq_lens": new_seq_lens,
+        "spec_info": None,
+        "capture_hidden_mode": _capture_mode_for_target(worker),
+    }
+    if getattr(batch, "seq_lens_cpu", None) is not None:
+        overrides["seq_lens_cpu"] = batch.seq_lens_cpu + 1
+    if getattr(batch, "seq_lens_sum", None) is not None:
+        overrides["seq_lens_sum"] = batch.seq_lens_sum + bs
+
+    tw = worker.target_worker
+    if kind == "model_worker_batch":
+        # A copy: the scheduler's ModelWorkerBatch tensors alias the ScheduleBatch's.
+        tb = dataclasses.replace(batch, **overrides)
+        with _offstep_graphs_active(worker):
+            out = tw.forward_batch_generation(tb)
+        return out, new_seq_lens, tb
+    # ScheduleBatch: set, run, restore (the draft-extend below needs the old values; the
+    # scheduler's _forward_isolation would restore them after return anyway).
+    saved = {k: getattr(batch, k) for k in overrides}
+    try:
+        for k, v in overrides.items():
+            setattr(batch, k, v)
+        with _offstep_graphs_active(worker):
+            out = tw.forward_batch_generation(batch)
+    finally:
+        for k, v in saved.items():
+            setattr(batch, k, v)
+    return out, new_seq_lens, None
+
+
+def _record_stream(stream, *tensors) -> None:
+    # Keeps the caching allocator from reusing memory another stream still reads.
+    for t in tensors:
+        if t is not None and t.is_cuda:
+            t.record_stream(stream)
+
+
+def forward_off(worker, batch, *args, **kwargs):
+    """Run one decode step of ``worker`` without speculation (see module docstring)."""
+    torch = _torch()
+    mod = v2_worker_module()
+    kind = v2_input_kind()
+    GenerationBatchResult = mod.GenerationBatchResult
+    EagleDraftInput = mod.EagleDraftInput
+
+    on_publish = None
+    if kind == "schedule_batch":
+        on_publish = kwargs.get("on_publish", args[0] if args else None)
+        if kwargs.get("pp_proxy_tensors") is not None:
+            raise RuntimeError("dynspec spec_v2 off-step: pp_proxy_tensors is not supported")
+
+    device_mod = torch.get_device_module(batch.seq_lens.device)
+    fwd_stream = device_mod.current_stream()
+    # seq_lens / req_pool_indices may come from the schedule stream (as in verify()).
+    _record_stream(fwd_stream, batch.seq_lens, batch.req_pool_indices)
+
+    ndt = int(worker.speculative_num_draft_tokens)
+    st = _state(worker)
+    if not st.get("logged_first_off"):
+        st["logged_first_off"] = True
+        logger.info(
+            "dynspec: first off-step on %s (%s input, bs=%d, num_draft_tokens=%d, target graphs=%s)",
+            type(worker).__name__, kind, int(batch.seq_lens.shape[0]), ndt, bool(st.get("graphs")),
+        )
+    draft_input = batch.spec_info
+    bonus = getattr(draft_input, draft_input_bonus_field(type(draft_input)))
+    bs = int(batch.seq_lens.shape[0])
+    window = _window_locs(worker, batch, ndt)
+
+    # 1. Target: plain one-token decode (eager unless off-step graphs were captured).
+    out, new_seq_lens, target_batch = _target_decode(worker, batch, kind, bonus, window, ndt)
+    logits_output = out.logits_output
+    new_tokens = out.next_token_ids.to(torch.int32)
+
+    # 2. Shape the result like a verify whose drafts were all rejected: every per-token tensor
+    #    has num_draft_tokens rows per request with the real value in row i*ndt.
+    if logits_output.hidden_states is not None:
+        logits_output.hidden_states = logits_output.hidden_states.repeat_interleave(ndt, dim=0)
+    predict = new_tokens.repeat_interleave(ndt)
+    accept_lens = torch.ones(bs, dtype=torch.int32, device=new_tokens.device)
+
+    bonus_field = draft_input_bonus_field(EagleDraftInput)
+    di_fields = dataclass_field_names(EagleDraftInput)
+    res_fields = dataclass_field_names(GenerationBatchResult)
+    nd_kwargs = {bonus_field: new_tokens}
+    if "new_seq_lens" not in res_fields:
+        # <= 0.5.12: new_seq_lens + verify_done travel on the next draft input.
+        verify_done = device_mod.Event()
+        verify_done.record()
+        nd_kwargs["new_seq_lens"] = new_seq_lens
+        if "verify_done" in di_fields:
+            nd_kwargs["verify_done"] = verify_done
+    next_draft_input = EagleDraftInput(**nd_kwargs)
+
+    keep_alive = [target_batch] if target_batch is not None else [window]
+    result = GenerationBatchResult(
+        **only_fields(
+            GenerationBatchResult,
+            logits_output=logits_output,
+            next_token_ids=predict,
+            can_run_cuda_graph=bool(out.can_run_cuda_graph),
+            speculative_num_draft_tokens=ndt,
+            next_draft_input=next_draft_input,
+            accept_lens=accept_lens,
+            new_seq_lens=new_seq_lens,
+            routed_experts_output=getattr(out, "routed_experts_output", None),
+            indexer_topk_output=getattr(out, "indexer_topk_output", None),
+            extra_keep_alive_refs=keep_alive,
+        )
+    )
+
+    if on_publish is not None:
+        on_publish(new_seq_lens)
+
+    # 3. Minimal draft sync through the decode draft-extend: writes draft KV at position
+    #    seq_lens from (target hidden at seq_lens, new token) and yields topk_p / topk_index /
+    #    hidden_states for the next draft round (select_index = i*ndt + accept_lens - 1).
+    batch.out_cache_loc = window
+    dw = worker.draft_worker
+    plan_stream = getattr(dw, "plan_stream", None)
+    if plan_stream is not None:
+        # The draft-extend plans on plan_stream and reads tensors made here on fwd_stream.
+        plan_stream.wait_stream(fwd_stream)
+        _record_stream(plan_stream, window, predict, accept_lens, batch.seq_lens)
+    with draft_contexts(worker):
+        dw._draft_extend_for_decode(batch, result)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA graph guard (step 1): a TARGET_VERIFY runner must never replay a plain DECODE batch.
+
+
+def graph_guard(original: Callable, self, forward_batch, *args, **kwargs):
+    cfm = getattr(self, "capture_forward_mode", None)
+    if cfm is not None and cfm.is_target_verify() and forward_batch.forward_mode.is_decode():
+        return False
+    return original(self, forward_batch, *args, **kwargs)
+
+
+def extra_hooks() -> list[tuple[str, str, Callable]]:
+    return [(t, "around", graph_guard) for t in graph_guard_targets()]
+
+
+# --------------------------------------------------------------------------------------------
+# Off-step DECODE graphs (step 2), model-worker-batch family only (0.5.11-0.5.12).
+
+
+def _offstep_graphs_enabled() -> bool:
+    try:
+        from ..config import load_settings
+
+        return bool(load_settings().settings.offstep_graphs)
+    except Exception:  # noqa: BLE001 - config unavailable: fall back to the raw env var
+        return os.environ.get("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _graphs_unsupported_reason(worker) -> str | None:
+    sa = worker.server_args
+    if getattr(sa, "disable_cuda_graph", False):
+        return "--disable-cuda-graph"
+    if v2_input_kind() != "model_worker_batch":
+        return "only implemented for the ModelWorkerBatch releases (<= 0.5.12); eager on this release"
+    for flag in ("enable_lora", "enable_pdmux", "enable_two_batch_overlap", "enable_return_hidden_states"):
+        if getattr(sa, flag, False):
+            return f"--{flag.replace('_', '-')}"
+    mr = worker.target_worker.model_runner
+    if getattr(mr, "is_draft_worker", False):
+        return "unexpected draft model runner"
+    return None
+
+
+def _capture_offstep_graphs(worker) -> dict:
+    """Capture DECODE graphs for the target on a *new* attention backend.
+
+    The live backend's CUDA-graph buffers belong to the verify graphs, so it is never touched.
+    While the runner and its backend are built, the model runner is presented as non-speculative
+    (that is what makes the runner capture DECODE with one token per request) and
+    ``enable_return_hidden_states`` is set so the graphs capture FULL hidden states, which the
+    draft-extend consumes (not for STANDALONE, whose draft reads no target hidden states).
+    """
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    torch = _torch()
+    mr = worker.target_worker.model_runner
+    sa = mr.server_args
+    need_hidden = not worker.speculative_algorithm.is_standalone()
+    saved = (mr.spec_algorithm, sa.enable_return_hidden_states, getattr(mr, "init_new_workspace", None))
+    # Capture must not overlap in-flight work queued by the (overlap) scheduler.
+    torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info()[0]
+    try:
+        mr.spec_algorithm = SpeculativeAlgorithm.NONE
+        if need_hidden:
+            sa.enable_return_hidden_states = True
+        backend = mr._get_attention_backend(init_new_workspace=True)
+        runner = CudaGraphRunner(mr, attn_backend=backend)
+    finally:
+        mr.spec_algorithm = saved[0]
+        sa.enable_return_hidden_states = saved[1]
+        if saved[2] is not None:
+            mr.init_new_workspace = saved[2]
+    torch.cuda.synchronize()
+    used_gb = (free_before - torch.cuda.mem_get_info()[0]) / 2**30
+    logger.info(
+        "dynspec: captured off-step DECODE graphs for the target (bs %s, hidden %s, %.2f GiB)",
+        getattr(runner, "capture_bs", "?"),
+        runner.capture_hidden_mode,
+        used_gb,
+    )
+    return {"attn_backend": backend, "runner": runner, "runner_attr": target_graph_runner_attr(mr), "gib": used_gb}
+
+
+def prepare(worker) -> None:
+    """One-time setup on the first decode step of ``worker``."""
+    st = _state(worker)
+    if st.get("prepared"):
+        return
+    st["prepared"] = True
+    if unsupported_reason(worker):
+        return
+    if not _offstep_graphs_enabled():
+        logger.info("dynspec: off-step target decode runs eager (offstep_graphs disabled)")
+        return
+    reason = _graphs_unsupported_reason(worker)
+    if reason:
+        logger.info("dynspec: off-step target decode runs eager (%s)", reason)
+        return
+    try:
+        st["graphs"] = _capture_offstep_graphs(worker)
+    except Exception:  # noqa: BLE001 - a failed capture must not take the server down
+        logger.exception("dynspec: capturing off-step DECODE graphs failed; off-steps run eager")
+        st["graphs"] = None
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def describe() -> dict[str, Any]:
+    """What this adapter supports on the installed SGLang (for the CLI doctor)."""
+    info: dict[str, Any] = {"adapter": "spec_v2", "hook": FORWARD_TARGET}
+    try:
+        cls = v2_worker_class()
+    except Exception as exc:  # noqa: BLE001
+        info.update(available=False, reason=f"{type(exc).__name__}: {exc}")
+        return info
+    kind = v2_input_kind()
+    mod = v2_worker_module()
+    info.update(
+        available=True,
+        input=kind,
+        forward_params=list(inspect.signature(inspect.unwrap(cls.forward_batch_generation)).parameters)[1:],
+        bonus_field=draft_input_bonus_field(mod.EagleDraftInput),
+        new_seq_lens_on="result" if "new_seq_lens" in dataclass_field_names(mod.GenerationBatchResult) else "draft_input",
+        graph_guard=graph_guard_targets(),
+        offstep_graphs=("capture DECODE graphs on a separate backend" if kind == "model_worker_batch" else "eager"),
+        topk_gt_1=(kind == "schedule_batch"),  # <= 0.5.12 routes topk > 1 to the v1 worker
+        declines=["return_logprob", "return_hidden_states", "grammar", "DP attention", "PP", "TBO", "mamba/GDN"],
+    )
+    return info

@@ -1,0 +1,433 @@
+"""Speculation "off" for the v1 worker, ``sglang.srt.speculative.eagle_worker.EAGLEWorker``.
+
+Releases 0.5.9 - 0.5.12 (the class is gone in 0.5.13), non-overlap scheduler only.
+
+On this path the scheduler leaves decode preparation to the worker: it neither allocates KV
+slots nor advances ``seq_lens`` (``ScheduleBatch.prepare_for_decode`` returns early for any
+speculative algorithm).  At step start ``batch.spec_info`` is an ``EagleDraftInput`` whose
+last-token field (``bonus_tokens`` on 0.5.12, ``verified_id`` before) holds each request's
+newest output token, which has no KV yet in either model.
+
+An off-step therefore does, in order:
+
+1. what the worker's decode preprocessing does besides drafting: step counter, penalties;
+2. one KV slot per request via SGLang's ``alloc_for_decode`` (also writes ``req_to_token``
+   and runs the SWA eviction), then ``seq_lens`` / ``kv_*_len`` bookkeeping like a plain
+   decode;
+3. a plain DECODE forward of the target with ``spec_info=None`` and hidden capture LAST
+   (EAGLE-3 targets then return the concatenated aux states the draft needs);
+4. the per-request bookkeeping that ``EagleVerifyInput.verify`` normally does for v1
+   (output ids, finish checks, grammar, reasoning tokens, logprobs): the v1 branch of the
+   scheduler's result processor relies on the worker for it;
+5. a draft-extend "after decode" with zero accepted drafts (one token per unfinished
+   request) through the worker's own ``forward_draft_extend_after_decode``, so the draft KV
+   for this position is written and the next batch can speculate again with full acceptance.
+
+Known limits (``decode_batch_size`` returns ``None`` for them, so upstream runs): DP
+attention (every DP rank must take the same branch; idle ranks run upstream), hybrid
+Mamba / linear-attention targets (their state tracking assumes verify), batches without a
+ready draft input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+WORKER_CLASS = "sglang.srt.speculative.eagle_worker.EAGLEWorker"
+
+
+# --- compat candidates ---------------------------------------------------------------
+# Version-dependent helpers for the lead to move into sglang_dynspec.compat.  All of them
+# feature-detect on the installed classes; none compares version strings.
+
+# AROUND target that keeps plain decode batches off verify-only target graphs (<= 0.5.13).
+CUDA_GRAPH_CAN_RUN_TARGET = "sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner.can_run"
+
+# GenerationBatchResult names, newest first: 0.5.12 / 0.5.11 / 0.5.9-0.5.10.
+_RESULT_COUNT_FIELDS = ("num_correct_drafts", "num_accepted_drafts", "num_accepted_tokens")
+_RESULT_PER_REQ_FIELDS = (
+    "num_correct_drafts_per_req_cpu",
+    "num_accepted_drafts_per_req_cpu",
+    "accept_length_per_req_cpu",
+)
+
+
+def _dataclass_field_names(cls) -> frozenset:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def last_token_ids(draft_input):
+    """Each request's newest output token (KV not written yet) on an EagleDraftInput."""
+    tokens = getattr(draft_input, "bonus_tokens", None)  # 0.5.12
+    if tokens is None:
+        tokens = getattr(draft_input, "verified_id", None)  # <= 0.5.11
+    return tokens
+
+
+def draft_extend_layout() -> str:
+    """Which draft-extend input the installed release uses.
+
+    ``extend_input``  0.5.12: separate ``EagleDraftExtendInput``; the worker returns the next
+                      ``EagleDraftInput``.
+    ``num_accepted``  0.5.11: ``EagleDraftInput`` with ``num_accepted_drafts/_tokens``.
+    ``accept_length`` 0.5.9/0.5.10: ``EagleDraftInput`` with ``accept_length`` (drafts only).
+    """
+    from sglang.srt.speculative import eagle_info
+
+    if hasattr(eagle_info, "EagleDraftExtendInput"):
+        return "extend_input"
+    names = _dataclass_field_names(eagle_info.EagleDraftInput)
+    if "num_accepted_tokens" in names and "num_accepted_drafts" in names:
+        return "num_accepted"
+    if "accept_length" in names:
+        return "accept_length"
+    raise RuntimeError("sglang-dynspec v1 adapter: unknown EagleDraftInput layout in this SGLang")
+
+
+def build_draft_extend_input(*, hidden_states, tokens, seq_lens, seq_lens_cpu, req_pool_indices):
+    """Draft-extend input for exactly one new token per request (zero accepted drafts).
+
+    ``tokens`` is the token just sampled by the target; ``hidden_states`` the target's hidden
+    state at the position before it (capture LAST of the off-step); ``seq_lens`` already
+    include the new position.  Upstream's kernel then derives position ``seq_lens - 1`` and
+    the next bonus token (= ``tokens``).
+    """
+    import torch
+    from sglang.srt.speculative import eagle_info
+
+    n = int(tokens.shape[0])
+    device = tokens.device
+    zeros = torch.zeros((n,), dtype=torch.int32, device=device)
+    layout = draft_extend_layout()
+    if layout == "extend_input":
+        return eagle_info.EagleDraftExtendInput(
+            hidden_states=hidden_states,
+            num_correct_drafts=zeros,
+            num_accept_tokens=zeros + 1,
+            num_accept_tokens_cpu=[1] * n,
+            input_ids=tokens,
+            seq_lens=seq_lens,
+            seq_lens_cpu=seq_lens_cpu,
+            req_pool_indices=req_pool_indices,
+        )
+    common = dict(
+        hidden_states=hidden_states,
+        verified_id=tokens,
+        seq_lens_for_draft_extend=seq_lens,
+        seq_lens_for_draft_extend_cpu=seq_lens_cpu,
+        req_pool_indices_for_draft_extend=req_pool_indices,
+    )
+    if layout == "num_accepted":
+        return eagle_info.EagleDraftInput(
+            num_accepted_drafts=zeros,
+            num_accepted_tokens=zeros + 1,
+            num_accepted_drafts_cpu=[0] * n,
+            num_accepted_tokens_cpu=[1] * n,
+            **common,
+        )
+    # accept_length counts accepted drafts; prepare_extend_after_decode adds the bonus.
+    return eagle_info.EagleDraftInput(accept_length=zeros, accept_length_cpu=[0] * n, **common)
+
+
+def result_kwargs(result_cls, *, bs: int) -> dict:
+    """Accepted-draft fields (all zero) under the installed GenerationBatchResult's names."""
+    names = _dataclass_field_names(result_cls)
+    out = {}
+    for f in _RESULT_COUNT_FIELDS:
+        if f in names:
+            out[f] = 0
+            break
+    else:
+        raise RuntimeError("sglang-dynspec v1 adapter: GenerationBatchResult has no accepted-draft count field")
+    for f in _RESULT_PER_REQ_FIELDS:
+        if f in names:
+            out[f] = [0] * bs
+            break
+    return out
+
+
+def spec_contexts(worker):
+    """The context managers upstream enters around every draft-model forward."""
+    from sglang.srt.speculative import eagle_worker as ew
+
+    stack = contextlib.ExitStack()
+    tp_ctx = getattr(worker, "draft_tp_context", None)
+    if tp_ctx is not None:
+        stack.enter_context(tp_ctx(worker.draft_model_runner.tp_group))
+    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
+        fn = getattr(ew, name, None)  # imported into eagle_worker's namespace in every release
+        if fn is not None:
+            stack.enter_context(fn())
+    return stack
+
+
+def _target_is_hybrid(worker) -> bool:
+    mr = worker.target_worker.model_runner
+    return any(
+        getattr(mr, a, None) is not None
+        for a in ("hybrid_gdn_config", "mamba2_config", "hybrid_lightning_config")
+    )
+
+
+def _draft_extend_hidden_width(worker):
+    """Width of the draft-extend graph's hidden buffer, or None (no graph / not found)."""
+    runner = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
+    if runner is None:
+        return None
+    buf = getattr(getattr(runner, "buffers", None), "hidden_states", None)  # 0.5.12
+    if buf is None:
+        buf = getattr(runner, "hidden_states", None)  # <= 0.5.11
+    if buf is None or getattr(buf, "ndim", 0) != 2:
+        return None
+    return int(buf.shape[1])
+
+
+# --- end compat candidates -----------------------------------------------------------
+
+
+def _as_list(x):
+    if x is None:
+        return None
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return [v.tolist() if hasattr(v, "tolist") else v for v in x]
+
+
+def decode_batch_size(worker, batch) -> int | None:
+    """Rows of a pure decode batch that may run without speculation, else None (cheap)."""
+    fm = getattr(batch, "forward_mode", None)
+    if fm is None or not fm.is_decode() or getattr(batch, "is_extend_in_batch", False):
+        return None
+    algo = getattr(worker, "speculative_algorithm", None)
+    if algo is None or not (algo.is_eagle() or algo.is_standalone()):
+        return None
+    server_args = getattr(worker, "server_args", None)
+    if getattr(server_args, "enable_dp_attention", False):
+        return None  # every DP rank (idle ones too) must take the same branch
+    if getattr(batch, "is_spec_v2", False):
+        return None
+    spec_info = getattr(batch, "spec_info", None)
+    if spec_info is None or getattr(spec_info, "topk_p", None) is None:
+        return None
+    if last_token_ids(spec_info) is None:
+        return None
+    if _target_is_hybrid(worker):
+        return None
+    n = len(batch.reqs)
+    return n if n > 0 else None
+
+
+def forward_off(worker, batch, *args, **kwargs):
+    """One plain target decode step + one-token draft KV sync; returns GenerationBatchResult."""
+    import torch
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.mem_cache.common import alloc_for_decode
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+    reqs = batch.reqs
+    bs = len(reqs)
+    draft_input = batch.spec_info
+    last = last_token_ids(draft_input)
+
+    # 1. What the spec path's decode preprocessing does besides drafting.
+    orch = batch.sampling_info.penalizer_orchestrator
+    if orch.is_required:
+        orch.cumulate_output_tokens(last.to(torch.int64))
+
+    # 2. One slot per request; alloc_for_decode also evicts SWA and writes req_to_token[seq_lens].
+    out_cache_loc = alloc_for_decode(batch, token_per_req=1)
+    for req in reqs:
+        if hasattr(req, "decode_batch_idx"):
+            req.decode_batch_idx += 1
+        req.kv_committed_len += 1
+        req.kv_allocated_len += 1
+    batch.out_cache_loc = out_cache_loc
+    batch.input_ids = last.to(torch.int64)
+    batch.seq_lens.add_(1)
+    batch.seq_lens_cpu.add_(1)
+    if getattr(batch, "orig_seq_lens", None) is not None:
+        batch.orig_seq_lens.add_(1)
+    # v1 verify leaves seq_lens_sum stale; the CPU copy is exact and costs no sync.
+    batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+
+    # 3. Plain target decode.  spec_info=None keeps positions / attention metadata on the
+    # non-speculative path; LAST (not NULL) gives the hidden state the draft needs and also
+    # makes the verify graph's can_run refuse (the guard hook enforces it regardless).
+    batch.spec_info = None
+    batch.forward_mode = ForwardMode.DECODE
+    mwb = batch.get_model_worker_batch()
+    mwb.capture_hidden_mode = CaptureHiddenMode.LAST
+    with _offstep_graph_context(worker):
+        target_result = worker.target_worker.forward_batch_generation(mwb)
+    logits_output = target_result.logits_output
+    next_token_ids = target_result.next_token_ids
+
+    # 4. Per-request bookkeeping the v1 result processor leaves to the worker.
+    tokens_cpu = next_token_ids.tolist()
+    think_end_id = getattr(getattr(batch, "model_config", None), "think_end_id", None)
+    unfinished = []
+    for i, (req, tok) in enumerate(zip(reqs, tokens_cpu)):
+        req.output_ids.append(tok)
+        if (
+            think_end_id is not None
+            and getattr(req, "require_reasoning", False)
+            and hasattr(req, "update_reasoning_tokens")  # 0.5.11+
+        ):
+            req.update_reasoning_tokens(tok, think_end_id)
+        req.check_finished()
+        if not req.finished() and req.grammar is not None:
+            req.grammar.accept_token(tok)
+            req.check_finished()
+        if not req.finished():
+            unfinished.append(i)
+        if hasattr(req, "spec_verify_ct"):
+            # Count the step so per-request "accept length" stays tokens per forward.
+            req.spec_verify_ct += 1
+    if batch.return_logprob:
+        _append_logprobs(reqs, tokens_cpu, logits_output)
+
+    # 5. Draft KV sync for unfinished rows (spec_info must hold exactly those, in order).
+    if not unfinished:
+        worker._draft_preprocess_idle(batch)
+    else:
+        keep = None
+        if len(unfinished) != bs:
+            keep = torch.tensor(unfinished, dtype=torch.int64, device=batch.seq_lens.device)
+
+        def rows(t):
+            return t if keep is None or t is None else t[keep]
+
+        hidden = None if worker.speculative_algorithm.is_standalone() else logits_output.hidden_states
+        if hidden is not None:
+            width = _draft_extend_hidden_width(worker)
+            if width is not None and hidden.shape[1] != width:
+                # The draft-extend graph would silently keep a stale buffer; refuse instead.
+                raise RuntimeError(
+                    f"sglang-dynspec: off-step target hidden width {hidden.shape[1]} != "
+                    f"draft-extend buffer width {width}"
+                )
+        extend_input = build_draft_extend_input(
+            hidden_states=rows(hidden),
+            tokens=rows(next_token_ids).to(torch.int32),
+            seq_lens=rows(batch.seq_lens),
+            seq_lens_cpu=batch.seq_lens_cpu if keep is None else batch.seq_lens_cpu[unfinished],
+            req_pool_indices=rows(batch.req_pool_indices),
+        )
+        batch.out_cache_loc = rows(out_cache_loc)
+        batch.spec_info = extend_input
+        batch.forward_mode = ForwardMode.DECODE
+        with spec_contexts(worker):
+            next_draft_input = worker.forward_draft_extend_after_decode(batch)
+        if next_draft_input is not None:  # 0.5.12 returns it; older releases mutate in place
+            batch.spec_info = next_draft_input
+    batch.forward_mode = ForwardMode.DECODE
+
+    # 6. Result under the installed release's field names; keep the target result's extras
+    # (routed experts, metrics events) by filling in the same object.
+    if not isinstance(target_result, GenerationBatchResult):
+        raise RuntimeError(f"sglang-dynspec: unexpected target result {type(target_result).__name__}")
+    for name, value in result_kwargs(GenerationBatchResult, bs=bs).items():
+        setattr(target_result, name, value)
+    return target_result
+
+
+def _append_logprobs(reqs, tokens_cpu, logits_output) -> None:
+    """Sampler-computed logprobs into the request lists (the v1 processor does not)."""
+    vals = _as_list(logits_output.next_token_logprobs)
+    top_val = _as_list(getattr(logits_output, "next_token_top_logprobs_val", None))
+    top_idx = _as_list(getattr(logits_output, "next_token_top_logprobs_idx", None))
+    ids_val = _as_list(getattr(logits_output, "next_token_token_ids_logprobs_val", None))
+    ids_idx = _as_list(getattr(logits_output, "next_token_token_ids_logprobs_idx", None))
+    for i, req in enumerate(reqs):
+        if not req.return_logprob:
+            continue
+        req.output_token_logprobs_val.append(vals[i])
+        req.output_token_logprobs_idx.append(tokens_cpu[i])
+        if req.top_logprobs_num > 0 and top_val is not None:
+            req.output_top_logprobs_val.append(top_val[i])
+            req.output_top_logprobs_idx.append(top_idx[i])
+        if req.token_ids_logprob is not None and ids_val is not None:
+            req.output_token_ids_logprobs_val.append(ids_val[i])
+            req.output_token_ids_logprobs_idx.append(ids_idx[i])
+
+
+# --- CUDA graph guard ----------------------------------------------------------------
+
+
+def can_run_guard(original, self, forward_batch, *args, **kwargs):
+    """AROUND ``CudaGraphRunner.can_run``: no verify-graph replay for a DECODE batch.
+
+    With speculation on, the target runner captured only TARGET_VERIFY graphs sized
+    ``bs * num_draft_tokens``; replaying one for a plain decode batch fails with shape
+    errors ("tensor a (160) must match tensor b (2)").  Everything else defers.
+    """
+    mode = getattr(forward_batch, "forward_mode", None)
+    captured = getattr(self, "capture_forward_mode", None)
+    if mode is not None and captured is not None and mode.is_decode() and captured.is_target_verify():
+        return False
+    return original(self, forward_batch, *args, **kwargs)
+
+
+def extra_hooks() -> list[tuple[str, str, Callable]]:
+    return [(CUDA_GRAPH_CAN_RUN_TARGET, "around", can_run_guard)]
+
+
+# --- optional off-step decode graphs -------------------------------------------------
+# Filled by prepare(); the eager path needs none of it.
+
+_GRAPH_STATE_ATTR = "_dynspec_v1_offstep_graphs"
+
+
+@contextlib.contextmanager
+def _offstep_graph_context(worker):
+    state = getattr(worker, _GRAPH_STATE_ATTR, None)
+    if not state or state.get("runner") is None:
+        yield
+        return
+    mr = worker.target_worker.model_runner
+    saved = (mr.attn_backend, mr.graph_runner)
+    mr.attn_backend, mr.graph_runner = state["attn_backend"], state["runner"]
+    try:
+        yield
+    finally:
+        mr.attn_backend, mr.graph_runner = saved
+
+
+def prepare(worker, offstep_graphs: bool = False) -> None:
+    """One-time setup.  Off-step decode graphs are not implemented yet: eager off-steps."""
+    if getattr(worker, _GRAPH_STATE_ATTR, None) is not None:
+        return
+    state: dict[str, Any] = {"runner": None, "requested": bool(offstep_graphs), "t0": time.time()}
+    if offstep_graphs:
+        state["reason"] = "off-step decode graphs not implemented for v1 yet; eager decode"
+        logger.warning("sglang-dynspec v1: %s", state["reason"])
+    setattr(worker, _GRAPH_STATE_ATTR, state)
+
+
+def describe(worker=None) -> dict:
+    info: dict[str, Any] = {
+        "adapter": "v1",
+        "worker": WORKER_CLASS,
+        "releases": "0.5.9 - 0.5.12 (non-overlap scheduler; topk>1 or --disable-overlap-schedule)",
+        "off_step": "plain target DECODE (spec_info=None, capture LAST) + 1-token draft extend",
+        "unsupported": ["dp-attention", "hybrid mamba/linear-attention targets"],
+        "graph_guard": CUDA_GRAPH_CAN_RUN_TARGET,
+    }
+    try:
+        info["draft_extend_layout"] = draft_extend_layout()
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        info["result_fields"] = sorted(result_kwargs(GenerationBatchResult, bs=0))
+    except Exception as exc:  # doctor output: report, never raise
+        info["error"] = f"{type(exc).__name__}: {exc}"
+    if worker is not None:
+        state = getattr(worker, _GRAPH_STATE_ATTR, None) or {}
+        info["offstep_graphs"] = {k: v for k, v in state.items() if k not in ("runner", "attn_backend")}
+        info["offstep_graphs"]["active"] = state.get("runner") is not None
+    return info

@@ -1,0 +1,78 @@
+"""``--dynspec-*`` server flags (SGLang >= 0.5.11), generated from the settings model.
+
+Flags are exported as SGLANG_DYNSPEC_* variables, so they go through the same validation
+as the environment and reach every spawned scheduler process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from .config import ENV_PREFIX, FIELDS, DynspecSettings, load_settings
+from .errors import ActivationError, ConfigError
+
+_registered = False
+
+
+def flag_name(field: str) -> str:
+    return "--dynspec-" + field.replace("_", "-")
+
+
+def dest_name(field: str) -> str:
+    return "dynspec_" + field
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sglang-dynspec", "Dynamic speculative decoding (sglang-dynspec plugin)")
+    for field in FIELDS:
+        info = DynspecSettings.model_fields[field]
+        kw = dict(dest=dest_name(field), default=None, help=f"{info.description} (env {ENV_PREFIX}{field.upper()})")
+        if info.annotation is bool:
+            kw.update(nargs="?", const="true", metavar="BOOL")
+        group.add_argument(flag_name(field), **kw)
+
+
+def export_flags(args: argparse.Namespace, environ=None) -> dict[str, str]:
+    """Copy given --dynspec-* values into the environment; returns what was set."""
+    environ = os.environ if environ is None else environ
+    set_: dict[str, str] = {}
+    for field in FIELDS:
+        value = getattr(args, dest_name(field), None)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            value = json.dumps(value)
+        environ[ENV_PREFIX + field.upper()] = value
+        set_[field] = value
+    return set_
+
+
+def _after_add_cli_args(result, parser, *args, **kwargs):
+    add_flags(parser)
+    return None
+
+
+def _around_from_cli_args(original, cls, args, *rest, **kwargs):
+    given = export_flags(args)
+    if given or os.environ.get(ENV_PREFIX + "ENABLED") or os.environ.get(ENV_PREFIX + "CONFIG"):
+        try:
+            load_settings()
+        except ConfigError as e:
+            # raised in the launcher, before anything is served
+            raise ActivationError(str(e).replace(" (env ", " (flag/env ")) from None
+    return original(cls, args, *rest, **kwargs)
+
+
+def register_flags() -> None:
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from . import compat
+
+    HookRegistry.register(compat.SERVER_ARGS_ADD_CLI, _after_add_cli_args, HookType.AFTER)
+    HookRegistry.register(compat.SERVER_ARGS_FROM_CLI, _around_from_cli_args, HookType.AROUND)
+    _registered = True

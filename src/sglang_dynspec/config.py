@@ -1,0 +1,205 @@
+"""Settings: environment (SGLANG_DYNSPEC_*) over an optional TOML file over defaults.
+
+Loaded with pydantic-settings.  Every error names the field and the source the bad value
+came from, and unknown keys are refused rather than ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+ENV_PREFIX = "SGLANG_DYNSPEC_"
+
+
+class DynspecSettings(BaseSettings):
+    """Every knob of sglang-dynspec.  Field docs double as CLI help."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    enabled: bool = Field(False, description="Turn the plugin on (it does nothing otherwise).")
+    config: Path | None = Field(None, description="Path of a TOML file with these settings.")
+    policy: str = Field(
+        "goodput",
+        description="Policy name (see `sglang-dynspec policies`) or `package.module:Class`.",
+    )
+    policy_args: dict[str, Any] = Field(
+        default_factory=dict, description="Policy arguments, a JSON object (env) or table (TOML)."
+    )
+    safe_mode: Literal["on", "off"] = Field(
+        "on",
+        description="Mode used for the rest of the run after the policy raised, hung or returned junk.",
+    )
+    policy_deadline_ms: float = Field(
+        2.0, gt=0, le=1000, description="A decide() slower than this counts as a policy failure."
+    )
+    sync_interval_steps: int = Field(
+        200,
+        ge=1,
+        le=1_000_000,
+        description="Decode steps between agreements of cost tables across tensor-parallel ranks.",
+    )
+    offstep_graphs: bool = Field(
+        True, description="Capture CUDA graphs for off-steps where the worker path supports it."
+    )
+    metrics: bool = Field(
+        True, description="Export dynspec metrics on SGLang's Prometheus endpoint (--enable-metrics)."
+    )
+    stats_dir: Path | None = Field(
+        None, description="Directory where each scheduler process rewrites a stats JSON about once a second."
+    )
+    trace_file: Path | None = Field(None, description="JSONL decision trace (per process suffix added).")
+    trace_max_mb: float = Field(64.0, gt=0, le=100_000, description="Size cap of the decision trace.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log level of the sglang_dynspec logger."
+    )
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_not_blank(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("must name a policy")
+        return v
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # load_settings() reads the environment and the TOML file itself and passes the merged
+        # values as init kwargs, so that each error can name the source of the bad value.
+        return (init_settings,)
+
+
+FIELDS = tuple(DynspecSettings.model_fields)
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def _env_values(environ: dict[str, str]) -> dict[str, str]:
+    """SGLANG_DYNSPEC_* variables by field name; unknown names are an error, not ignored."""
+    out: dict[str, str] = {}
+    for key, value in environ.items():
+        if not key.upper().startswith(ENV_PREFIX):
+            continue
+        field = key[len(ENV_PREFIX):].lower()
+        if field not in DynspecSettings.model_fields:
+            raise ConfigError(
+                f"{key} (env): unknown setting; known: {', '.join(env_name(f) for f in FIELDS)}"
+            )
+        out[field] = value
+    return out
+
+
+def _file_values(path: Path, origin: str) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config ({origin}): TOML file not found: {path}") from None
+    except OSError as e:
+        raise ConfigError(f"config ({origin}): cannot read TOML file {path}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config ({origin}): {path} is not valid TOML: {e}") from None
+    # Allow either top-level keys or a [dynspec] table.
+    if set(data) == {"dynspec"} and isinstance(data["dynspec"], dict):
+        data = data["dynspec"]
+    unknown = sorted(k for k in data if k not in DynspecSettings.model_fields or k == "config")
+    if unknown:
+        raise ConfigError(
+            f"{unknown[0]} (file {path}): unknown setting; known: {', '.join(f for f in FIELDS if f != 'config')}"
+        )
+    return data
+
+
+def _parse_env_field(field: str, raw: str) -> Any:
+    """Env strings that need structure (policy_args) are parsed here so the error is ours."""
+    if field == "policy_args":
+        try:
+            value = json.loads(raw) if raw.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"policy_args (env {env_name(field)}): not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"policy_args (env {env_name(field)}): must be a JSON object, got {type(value).__name__}")
+        return value
+    return raw
+
+
+class LoadedSettings:
+    """The validated settings plus where each value came from ("env", "file <path>", "default")."""
+
+    def __init__(self, settings: DynspecSettings, sources: dict[str, str]):
+        self.settings = settings
+        self.sources = sources
+
+    def rows(self) -> list[tuple[str, Any, str]]:
+        return [(f, getattr(self.settings, f), self.sources[f]) for f in FIELDS]
+
+
+def load_settings(environ: dict[str, str] | None = None) -> LoadedSettings:
+    """Validate env + file; raise ConfigError naming every bad field and its source."""
+    environ = dict(os.environ if environ is None else environ)
+    env_vals = _env_values(environ)
+    file_vals: dict[str, Any] = {}
+    file_path = env_vals.get("config")
+    if file_path:
+        file_vals = _file_values(Path(file_path), f"env {env_name('config')}")
+
+    sources: dict[str, str] = {}
+    merged: dict[str, Any] = {}
+    for field in FIELDS:
+        if field in env_vals:
+            merged[field] = _parse_env_field(field, env_vals[field])
+            sources[field] = f"env {env_name(field)}"
+        elif field in file_vals:
+            merged[field] = file_vals[field]
+            sources[field] = f"file {file_path}"
+        else:
+            sources[field] = "default"
+    try:
+        settings = DynspecSettings(**merged)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            field = str(err["loc"][0]) if err["loc"] else "?"
+            where = sources.get(field, "?")
+            loc = ".".join(str(p) for p in err["loc"])
+            lines.append(f"{loc} ({where}): {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError("invalid sglang-dynspec settings:\n  " + "\n  ".join(lines)) from None
+    return LoadedSettings(settings, sources)
+
+
+def is_enabled_cheap(environ: dict[str, str] | None = None) -> bool:
+    """Whether dynspec might be on, without validating anything (used on hot start paths)."""
+    env = os.environ if environ is None else environ
+    flag = env.get("SGLANG_DYNSPEC_ENABLED", "")
+    if flag.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if flag.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    # Enabled from a config file: only then is the file worth reading.
+    return bool(env.get("SGLANG_DYNSPEC_CONFIG"))

@@ -1,0 +1,209 @@
+"""The per-process controller: asks the policy each decode step and keeps it safe.
+
+No SGLang imports here.  The adapters call :meth:`Controller.on_decode` once per decode
+batch (before the forward), :meth:`Controller.on_other` for extend/idle batches and
+:meth:`Controller.on_result` once the scheduler has the accepted-draft count.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .costs import CostTable, CostView
+from .policies.base import StepInputs
+
+logger = logging.getLogger("sglang_dynspec")
+
+# Agreement callback: takes a flat list of floats, returns the element-wise SUM over ranks.
+AgreeFn = Callable[[list], list]
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    step: int
+    decode_bs: int
+    running: int
+    waiting: int
+    speculate: bool
+    switched: bool
+    safe_mode: bool
+    accept_length: float
+
+
+class Controller:
+    def __init__(
+        self,
+        policy: Any,
+        *,
+        safe_mode_on: bool = True,
+        deadline_s: float = 0.002,
+        sync_interval: int = 200,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        agree: AgreeFn | None = None,
+        hook: Any = None,
+        clock: Callable[[], float] = time.perf_counter,
+        accept_alpha: float = 0.05,
+    ):
+        self.policy = policy
+        self.policy_name = getattr(policy, "name", type(policy).__name__)
+        self.safe_value = safe_mode_on
+        self.deadline_s = deadline_s
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        # A single rank refreshes its view often (cheap); several ranks agree less often.
+        self.sync_interval = sync_interval if tp_size > 1 else min(16, sync_interval)
+        self.agree = agree
+        self.hook = hook  # pluggy hook relay, or None
+        self.clock = clock
+        self.accept_alpha = accept_alpha
+
+        self.costs = CostTable()
+        self.view: CostView | None = None
+        self.failed: str | None = None  # reason the policy was replaced by the safe mode
+        self._pending_failure: str | None = None  # slow decide(): applied at the next agreement
+
+        self.step = 0
+        self.prev: bool | None = None
+        self.steps_in_mode = 0
+        self.accept_length = 0.0
+        self.accept_samples = 0
+        # timing chain: the previous decode step's (start time, mode, bs)
+        self._t_prev: float | None = None
+        self._mode_prev = True
+        self._bs_prev = 0
+
+        self.stats = {
+            "decode_steps": 0,
+            "steps_on": 0,
+            "steps_off": 0,
+            "switches": 0,
+            "policy_errors": 0,
+            "accepted_drafts": 0,
+            "spec_rows": 0,
+            "agreements": 0,
+        }
+
+    # --- per step -------------------------------------------------------------------
+    def on_decode(self, decode_bs: int, running: int = 0, waiting: int = 0) -> bool:
+        """Decide one decode step; returns True to speculate."""
+        now = self.clock()
+        if self._t_prev is not None:
+            dt = now - self._t_prev
+            est = self.costs.estimate_local(self._mode_prev, self._bs_prev)
+            # Intervals spanning an idle gap or a stall are not step costs.
+            if dt < 1.0 and (est is None or dt < 5.0 * est):
+                self.costs.observe(self._mode_prev, self._bs_prev, dt)
+        if self.step % self.sync_interval == 0 and self.step > 0:
+            self._refresh_view()
+
+        decision = self._ask(decode_bs, running, waiting)
+
+        switched = self.prev is not None and decision != self.prev
+        if switched:
+            self.stats["switches"] += 1
+            self.steps_in_mode = 1
+        else:
+            self.steps_in_mode += 1
+        self.prev = decision
+        self.step += 1
+        st = self.stats
+        st["decode_steps"] += 1
+        st["steps_on" if decision else "steps_off"] += 1
+
+        hook = self.hook
+        if hook is not None:
+            rec = StepRecord(self.step - 1, decode_bs, running, waiting, decision, switched,
+                             self.failed is not None, self.accept_length)
+            hook.dynspec_decision(record=rec)
+            if switched:
+                hook.dynspec_switch(record=rec)
+        self._t_prev, self._mode_prev, self._bs_prev = now, decision, decode_bs
+        return decision
+
+    def on_other(self) -> None:
+        """An extend / idle / mixed batch ran: the next interval is no decode step cost."""
+        self._t_prev = None
+
+    def on_result(self, decode_bs: int, accepted_drafts: int) -> None:
+        """Accepted drafts of one speculative step (from the scheduler; rank-identical)."""
+        if decode_bs <= 0:
+            return
+        self.stats["accepted_drafts"] += accepted_drafts
+        self.stats["spec_rows"] += decode_bs
+        sample = 1.0 + accepted_drafts / decode_bs
+        n = self.accept_samples + 1
+        w = max(1.0 / n, self.accept_alpha)
+        self.accept_length += w * (sample - self.accept_length)
+        self.accept_samples = n
+
+    # --- internals ------------------------------------------------------------------
+    def _ask(self, decode_bs: int, running: int, waiting: int) -> bool:
+        if self.failed is not None:
+            return self.safe_value
+        x = StepInputs(self.step, decode_bs, running, waiting, self.accept_length,
+                       self.accept_samples, self.prev, self.steps_in_mode, self.view)
+        t0 = self.clock()
+        try:
+            d = self.policy.decide(x)
+        except Exception as e:  # a policy must never take the server down
+            self._fail(f"decide() raised {type(e).__name__}: {e}")
+            return self.safe_value
+        if type(d) is not bool:
+            # numpy/torch bools are fine; anything else is junk
+            if getattr(d, "dtype", None) is not None and str(getattr(d, "dtype", "")) in ("bool", "torch.bool") and getattr(d, "ndim", 0) == 0:
+                d = bool(d)
+            else:
+                self._fail(f"decide() returned {d!r} ({type(d).__name__}), not a bool")
+                return self.safe_value
+        if self.clock() - t0 > self.deadline_s and self._pending_failure is None:
+            # Wall time differs between ranks: acting now could split them, so the
+            # failure is applied at the next agreement, where all ranks see it.
+            self._pending_failure = f"decide() took {(self.clock() - t0) * 1e3:.2f} ms (deadline {self.deadline_s * 1e3:g} ms)"
+            if self.tp_size == 1:
+                self._fail(self._pending_failure)
+                return self.safe_value
+        return d
+
+    def _fail(self, reason: str) -> None:
+        if self.failed is not None:
+            return
+        self.failed = reason
+        self.stats["policy_errors"] += 1
+        logger.error(
+            "sglang-dynspec: policy %r disabled for the rest of the run, safe mode %s: %s",
+            self.policy_name, "on" if self.safe_value else "off", reason,
+        )
+        if self.hook is not None:
+            try:
+                self.hook.dynspec_policy_failed(policy_name=self.policy_name, reason=reason)
+            except Exception:
+                logger.exception("sglang-dynspec: an observer of policy failures raised")
+
+    def _refresh_view(self) -> None:
+        vec = self.costs.to_vector()
+        vec.append(1.0 if self._pending_failure else 0.0)
+        if self.tp_size > 1 and self.agree is not None:
+            vec = self.agree(vec)
+        failed_somewhere = vec.pop() > 0
+        self.view = CostView(vec, version=self.stats["agreements"])
+        self.stats["agreements"] += 1
+        if failed_somewhere:
+            self._fail(self._pending_failure or "a policy deadline was missed on another rank")
+
+    def snapshot(self) -> dict:
+        s = dict(self.stats)
+        s.update(
+            policy=self.policy_name,
+            tp_rank=self.tp_rank,
+            tp_size=self.tp_size,
+            mode="on" if (self.prev is None or self.prev) else "off",
+            safe_mode=self.failed is not None,
+            failure=self.failed,
+            accept_length=None if self.accept_samples == 0 else round(self.accept_length, 4),
+            accept_samples=self.accept_samples,
+        )
+        return s
+

@@ -1,0 +1,126 @@
+"""Where the controller's numbers go: a stats JSON per process, Prometheus, a JSONL trace.
+
+All writes happen at most about once a second (stats, Prometheus) or are buffered (trace),
+so the per-step cost stays a clock read and a comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .hookspecs import hookimpl
+
+logger = logging.getLogger("sglang_dynspec")
+
+
+class StatsWriter:
+    """Rewrites ``<dir>/stats-<pid>.json`` atomically, at most every ``interval`` seconds."""
+
+    def __init__(self, directory: Path, extra: dict[str, Any], interval: float = 1.0):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / f"stats-{os.getpid()}.json"
+        self.extra = extra
+        self.interval = interval
+        self._last = 0.0
+
+    def maybe_write(self, snapshot_fn, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.interval:
+            return
+        self._last = now
+        data = dict(self.extra)
+        data.update(snapshot_fn())
+        data["pid"] = os.getpid()
+        data["written_at"] = time.time()
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.path)
+
+
+class PrometheusExporter:
+    """Counters on SGLang's own /metrics (prometheus_client, multiprocess-aware).
+
+    SGLang sets PROMETHEUS_MULTIPROC_DIR when started with --enable-metrics; metrics created
+    in the scheduler process then show up on the HTTP server's endpoint.
+    """
+
+    def __init__(self, labels: dict[str, str]):
+        from prometheus_client import Counter, Gauge
+
+        names = list(labels)
+        self.labels = labels
+        self.steps = Counter("sglang_dynspec_decode_steps", "Decode steps by mode", names + ["mode"])
+        self.switches = Counter("sglang_dynspec_switches", "Mode switches", names)
+        self.errors = Counter("sglang_dynspec_policy_errors", "Policy failures (safe mode)", names)
+        self.wasted = Counter("sglang_dynspec_wasted_draft_tokens", "Drafted but rejected tokens", names)
+        self.mode = Gauge("sglang_dynspec_mode", "1 speculating, 0 not", names, multiprocess_mode="mostrecent")
+        self.accept = Gauge(
+            "sglang_dynspec_accept_length", "Accept length estimate", names, multiprocess_mode="mostrecent"
+        )
+        self.cost = Gauge(
+            "sglang_dynspec_step_cost_seconds", "Agreed step cost estimate at the current batch size",
+            names + ["mode"], multiprocess_mode="mostrecent",
+        )
+        self._last: dict[str, float] = {}
+
+    def _inc(self, counter, key: str, value: float, **extra) -> None:
+        delta = value - self._last.get(key, 0.0)
+        if delta > 0:
+            counter.labels(**self.labels, **extra).inc(delta)
+        self._last[key] = value
+
+    def update(self, snap: dict[str, Any], draft_tokens_per_step: int | None) -> None:
+        self._inc(self.steps, "on", snap["steps_on"], mode="on")
+        self._inc(self.steps, "off", snap["steps_off"], mode="off")
+        self._inc(self.switches, "switches", snap["switches"])
+        self._inc(self.errors, "errors", snap["policy_errors"])
+        if draft_tokens_per_step:
+            wasted = snap["spec_rows"] * draft_tokens_per_step - snap["accepted_drafts"]
+            self._inc(self.wasted, "wasted", max(wasted, 0))
+        self.mode.labels(**self.labels).set(1 if snap["mode"] == "on" else 0)
+        if snap.get("accept_length") is not None:
+            self.accept.labels(**self.labels).set(snap["accept_length"])
+        for mode in ("on", "off"):
+            c = snap.get(f"cost_{mode}_s")
+            if c is not None:
+                self.cost.labels(**self.labels, mode=mode).set(c)
+
+
+class TraceObserver:
+    """A pluggy observer writing one JSON line per decode step, up to a size cap."""
+
+    def __init__(self, path: Path, max_bytes: int):
+        self.path = Path(f"{path}.{os.getpid()}") if not str(path).endswith(".jsonl") else Path(
+            str(path)[: -len(".jsonl")] + f".{os.getpid()}.jsonl"
+        )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self._f = open(self.path, "w", buffering=1 << 16)
+        self._written = 0
+        self._full = False
+
+    @hookimpl
+    def dynspec_decision(self, record):
+        if self._full:
+            return
+        line = (
+            f'{{"step":{record.step},"bs":{record.decode_bs},"running":{record.running},'
+            f'"waiting":{record.waiting},"on":{"true" if record.speculate else "false"},'
+            f'"acc":{record.accept_length:.4f},"t":{time.perf_counter():.6f}}}\n'
+        )
+        self._written += len(line)
+        if self._written > self.max_bytes:
+            self._full = True
+            self._f.flush()
+            logger.warning("sglang-dynspec: trace %s reached its size cap; no more lines", self.path)
+            return
+        self._f.write(line)
+
+    def close(self) -> None:
+        self._f.close()

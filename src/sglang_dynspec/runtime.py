@@ -1,0 +1,230 @@
+"""The hooks SGLang calls, and the per-process state behind them.
+
+One scheduler process holds at most one EAGLE worker, so the state is process-global.
+Wrappers stay cheap on every step: attribute reads, one policy call, no GPU sync.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import Any
+
+from . import compat
+from .config import DynspecSettings
+from .decisions import Controller
+
+logger = logging.getLogger("sglang_dynspec")
+
+ADAPTER_MODULES = {"v1": "sglang_dynspec.adapters.v1", "spec_v2": "sglang_dynspec.adapters.spec_v2"}
+
+
+class WorkerState:
+    """What the wrappers need for one EAGLE worker."""
+
+    def __init__(self, settings: DynspecSettings, controller: Controller, scheduler: Any, worker: Any,
+                 path: str, adapter: Any):
+        self.settings = settings
+        self.controller = controller
+        self.scheduler = scheduler
+        self.worker = worker
+        self.path = path
+        self.adapter = adapter
+        # Until an adapter provides forward_off, off decisions are recorded but not applied.
+        self.forward_off = getattr(adapter, "forward_off", None) if adapter is not None else None
+        self.decode_batch_size = getattr(adapter, "decode_batch_size", None) if adapter is not None else None
+        self.prepared = False
+        self.stats_writer = None
+        self.prometheus = None
+        self.draft_tokens_per_step: int | None = None
+        self.accepted_field: str | None = None
+        self.off_not_applied = 0
+
+    def snapshot(self) -> dict:
+        s = self.controller.snapshot()
+        s["worker_path"] = self.path
+        s["off_not_applied"] = self.off_not_applied
+        v = self.controller.view
+        bs = self.controller._bs_prev
+        if v is not None and bs:
+            s["cost_on_s"] = v.estimate(True, bs)
+            s["cost_off_s"] = v.estimate(False, bs)
+        return s
+
+
+STATE: WorkerState | None = None
+SETTINGS: DynspecSettings | None = None  # set by activation before any hook can run
+
+
+def _load_adapter(path: str):
+    try:
+        return importlib.import_module(ADAPTER_MODULES[path])
+    except ImportError as e:
+        logger.warning("sglang-dynspec: no %s adapter (%s); off decisions are recorded, not applied", path, e)
+        return None
+
+
+def _agree_fn(scheduler):
+    group = getattr(scheduler, "tp_cpu_group", None)
+    if group is None:
+        return None
+
+    def agree(vec: list) -> list:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(vec, dtype=torch.float64)
+        dist.all_reduce(t, group=group)
+        return t.tolist()
+
+    return agree
+
+
+def attach(scheduler: Any) -> WorkerState | None:
+    """Build the controller for this scheduler's EAGLE worker (AFTER init_model_worker)."""
+    global STATE
+    settings = SETTINGS
+    if settings is None or not settings.enabled:
+        return None
+    worker = getattr(scheduler, "draft_worker", None)
+    algo = getattr(worker, "speculative_algorithm", None) or getattr(scheduler, "spec_algorithm", None)
+    if worker is None or algo is None or not algo.is_eagle():
+        logger.info("sglang-dynspec: no EAGLE worker in this scheduler; nothing to control")
+        return None
+    from .plugins import pm
+    from .policies import build_policy
+
+    policy = build_policy(settings.policy, settings.policy_args)
+    tp_rank = int(getattr(scheduler, "tp_rank", 0) or 0)
+    tp_size = int(getattr(scheduler, "tp_size", 1) or 1)
+    ctl = Controller(
+        policy,
+        safe_mode_on=settings.safe_mode == "on",
+        deadline_s=settings.policy_deadline_ms / 1e3,
+        sync_interval=settings.sync_interval_steps,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        agree=_agree_fn(scheduler) if tp_size > 1 else None,
+        hook=pm.hook if _has_observers(pm) else None,
+    )
+    path = compat.worker_path(worker)
+    adapter = _load_adapter(path)
+    st = WorkerState(settings, ctl, scheduler, worker, path, adapter)
+    sa = getattr(scheduler, "server_args", None)
+    st.draft_tokens_per_step = getattr(sa, "speculative_num_draft_tokens", None)
+    try:
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        st.accepted_field = compat.first_field(GenerationBatchResult, compat.ACCEPTED_FIELDS)
+    except Exception:  # pragma: no cover - reported by doctor
+        st.accepted_field = None
+    extra = {"policy": ctl.policy_name, "tp_rank": tp_rank, "worker_path": path}
+    if settings.stats_dir is not None:
+        from .metrics import StatsWriter
+
+        st.stats_writer = StatsWriter(settings.stats_dir, extra)
+    if settings.metrics and os.environ.get("PROMETHEUS_MULTIPROC_DIR") and getattr(sa, "enable_metrics", False):
+        try:
+            from .metrics import PrometheusExporter
+
+            st.prometheus = PrometheusExporter({"tp_rank": str(tp_rank)})
+        except Exception:
+            logger.exception("sglang-dynspec: Prometheus metrics unavailable")
+    STATE = st
+    # Off-step graphs are captured now, right after SGLang's own capture and before serving,
+    # rather than stalling the first off-step.
+    prep = getattr(adapter, "prepare", None) if adapter is not None else None
+    if prep is not None and settings.policy != "always":
+        try:
+            prep(worker)
+        except Exception:
+            logger.exception("sglang-dynspec: adapter prepare() failed; off-steps stay eager")
+    st.prepared = True
+    logger.warning(
+        "sglang-dynspec: controlling %s worker (%s) with policy %r on tp rank %d/%d",
+        path, type(worker).__name__, ctl.policy_name, tp_rank, tp_size,
+    )
+    return st
+
+
+def _has_observers(pm) -> bool:
+    return bool(pm.hook.dynspec_decision.get_hookimpls() or pm.hook.dynspec_switch.get_hookimpls())
+
+
+# --- hooks ------------------------------------------------------------------------------
+
+def after_init_model_worker(result, scheduler, *args, **kwargs):
+    attach(scheduler)
+    return None
+
+
+def _forward(original, worker, batch, *args, **kwargs):
+    st = STATE
+    if st is None or st.worker is not worker or st.decode_batch_size is None:
+        return original(worker, batch, *args, **kwargs)
+    ctl = st.controller
+    bs = st.decode_batch_size(worker, batch)
+    if bs is None:
+        ctl.on_other()
+        return original(worker, batch, *args, **kwargs)
+    sched = st.scheduler
+    rb = getattr(sched, "running_batch", None)
+    running = len(rb.reqs) if rb is not None and rb.reqs is not None else 0
+    waiting = len(getattr(sched, "waiting_queue", ()) or ())
+    speculate = ctl.on_decode(bs, running, waiting)
+    if st.stats_writer is not None or st.prometheus is not None:
+        _report(st)
+    if speculate:
+        return original(worker, batch, *args, **kwargs)
+    if st.forward_off is None:
+        st.off_not_applied += 1
+        return original(worker, batch, *args, **kwargs)
+    if not st.prepared:
+        st.prepared = True
+        prep = getattr(st.adapter, "prepare", None)
+        if prep is not None:
+            prep(worker)
+    result = st.forward_off(worker, batch, *args, **kwargs)
+    result._dynspec_off = True  # lets the result hook skip acceptance accounting
+    return result
+
+
+def around_v1_forward(original, worker, batch, *args, **kwargs):
+    return _forward(original, worker, batch, *args, **kwargs)
+
+
+def around_v2_forward(original, worker, batch, *args, **kwargs):
+    return _forward(original, worker, batch, *args, **kwargs)
+
+
+def after_process_decode(ret, processor, batch, result, *args, **kwargs):
+    st = STATE
+    if st is None or getattr(result, "_dynspec_off", False) or st.accepted_field is None:
+        return None
+    n = getattr(result, st.accepted_field, None)
+    if n is None:
+        return None
+    st.controller.on_result(batch.batch_size(), int(n))
+    return None
+
+
+_last_report = [0.0]
+
+
+def _report(st: WorkerState) -> None:
+    import time
+
+    now = time.monotonic()
+    if now - _last_report[0] < 1.0:
+        return
+    _last_report[0] = now
+    snap = st.snapshot()
+    if st.stats_writer is not None:
+        st.stats_writer.maybe_write(lambda: snap, force=True)
+    if st.prometheus is not None:
+        try:
+            st.prometheus.update(snap, st.draft_tokens_per_step and st.draft_tokens_per_step - 1)
+        except Exception:
+            logger.exception("sglang-dynspec: metrics update failed; metrics disabled")
+            st.prometheus = None

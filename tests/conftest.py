@@ -1,0 +1,86 @@
+"""Suite-wide test setup: sgl_kernel import shim, marker skips, the ``sglang_version`` fixture."""
+
+import importlib.metadata
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+SHIM_DIR = Path(__file__).resolve().parent / "shims"
+
+# Releases before this import sgl_kernel unguarded on CPU (0.5.9 and 0.5.12 verified; 0.5.15
+# and later only import it when CUDA/ROCm is present). Later releases never get the shim, so
+# their own "no sgl_kernel" code paths are what we test.
+_SHIM_BELOW = Version("0.5.15")
+
+
+def _installed_sglang_version():
+    # Distribution metadata, not find_spec: pytest puts tests/ on sys.path, where the
+    # tests/sglang folder would pass for a (namespace) package named sglang.
+    try:
+        return Version(importlib.metadata.version("sglang"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _activate_sgl_kernel_shim(sglang_version):
+    """Return a one-line status for the report header."""
+    if sglang_version is None:
+        return "sgl_kernel: not needed (SGLang not installed)"
+    try:
+        import sgl_kernel  # noqa: F401
+    except Exception as exc:  # ImportError, or OSError when libcuda.so.1 is missing
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    else:
+        return f"sgl_kernel: real ({getattr(sgl_kernel, '__file__', '?')})"
+    if sglang_version >= _SHIM_BELOW:
+        return f"sgl_kernel: not importable ({reason}); no shim, sglang {sglang_version} does not need it"
+    # A failed import can leave submodules behind; the shim must be the only sgl_kernel seen.
+    for name in [n for n in sys.modules if n == "sgl_kernel" or n.startswith("sgl_kernel.")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(SHIM_DIR))
+    # Subprocesses spawned by tests (scheduler processes, CLI runs) must see the shim too.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(SHIM_DIR), os.environ.get("PYTHONPATH")) if p
+    )
+    return f"sgl_kernel: TEST SHIM ACTIVE ({SHIM_DIR}); real import failed: {reason}"
+
+
+_SGLANG_VERSION = _installed_sglang_version()
+_SHIM_STATUS = _activate_sgl_kernel_shim(_SGLANG_VERSION)
+
+
+def pytest_report_header(config):
+    sglang = f"sglang: {_SGLANG_VERSION}" if _SGLANG_VERSION else "sglang: not installed"
+    return [sglang, _SHIM_STATUS]
+
+
+def _cuda_available():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    # Markers, not keywords: "sglang" is also the tests/sglang directory's node name.
+    if _SGLANG_VERSION is None:
+        skip = pytest.mark.skip(reason="needs a real SGLang install (not installed)")
+        for item in items:
+            if item.get_closest_marker("sglang"):
+                item.add_marker(skip)
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    # Only import torch (slow) when some selected test actually asks for a GPU.
+    if gpu_items and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def sglang_version():
+    """The installed SGLang release as a packaging Version, or None without SGLang."""
+    return _SGLANG_VERSION

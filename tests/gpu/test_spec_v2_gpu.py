@@ -1,0 +1,89 @@
+"""End to end on a GPU: the spec_v2 off-step gives the same greedy outputs as static EAGLE-3.
+
+Starts one server per mode through the benchmark harness (benchmarks/dynspec_bench), one after
+the other, and compares greedy output ids token by token with the static-EAGLE (``on``) server:
+
+* ``dynspec:never``  - every decode step is an off-step (plain target decode + draft KV sync);
+* ``dynspec:random`` - on/off switches inside running batches, so resumed speculation reads
+  draft KV written by off-steps.
+
+Defaults use the config-only 8B pair in benchmarks/models with ``--load-format dummy``; set
+DYNSPEC_GPU_MODEL / DYNSPEC_GPU_DRAFT for a trained pair.  Random weights sit on near-ties, so
+the run uses --enable-deterministic-inference unless DYNSPEC_GPU_DETERMINISTIC=0.
+Also fails on tracebacks or KV-leak reports in any server log.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.sglang]
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+
+
+def _harness():
+    if not (BENCH / "dynspec_bench" / "modes.py").exists():
+        pytest.skip("benchmarks/dynspec_bench harness not present")
+    sys.path.insert(0, str(BENCH))
+    from dynspec_bench import correctness, modes, server
+
+    return correctness, modes, server
+
+
+def _modes(sglang_version):
+    from packaging.version import Version
+
+    names = ["on", "dynspec:never", "dynspec:random"]
+    if sglang_version >= Version("0.5.13"):
+        # topk > 1 runs on the v2 worker only from 0.5.13 (0.5.12 routes it to v1).
+        names += ["on@topk4", "dynspec:never@topk4", "dynspec:random@topk4"]
+    return names
+
+
+def test_offstep_outputs_match_static_eagle(tmp_path, sglang_version):
+    correctness, modes, server = _harness()
+    model = os.environ.get("DYNSPEC_GPU_MODEL", str(BENCH / "models" / "llama8b"))
+    draft = os.environ.get("DYNSPEC_GPU_DRAFT", str(BENCH / "models" / "eagle3-llama8b"))
+    cfg = modes.ServerConfig(
+        model=model,
+        draft=draft,
+        deterministic=os.environ.get("DYNSPEC_GPU_DETERMINISTIC", "1") != "0",
+        policy_args={"seed": 7, "p_on": 0.5, "period": 1},
+        enable_metrics=False,
+    )
+    prompts = correctness.correctness_prompts(n=16, input_len=128)
+    log_dir = Path(os.environ.get("DYNSPEC_GPU_LOG_DIR", tmp_path))
+
+    outputs, problems, notes = {}, [], []
+    for i, name in enumerate(_modes(sglang_version)):
+        mode = modes.parse_mode(name)
+        spec = modes.build_server_spec(mode, cfg, port=31000 + i)
+        # The adapter's INFO lines (first off-step, graph capture) show up at INFO.
+        spec.env.setdefault("SGLANG_DYNSPEC_LOG_LEVEL", "INFO")
+        with server.ServerProcess(spec, log_dir) as srv:
+            srv.start(timeout_s=900)
+            outputs[name] = correctness.collect_outputs(srv.base_url, prompts, max_new_tokens=64, concurrency=8)
+            counts = srv.log_counts()
+            text = srv.log_text()
+        if counts["tracebacks"] or counts["leak_reports"]:
+            problems.append(f"{name}: {counts} (log {srv.log_path})")
+        if mode.kind == "dynspec":
+            if "off-steps disabled" in text:
+                problems.append(f"{name}: adapter refused this worker (log {srv.log_path})")
+            notes.append(f"{name}: first-off-step log line {'seen' if 'first off-step' in text else 'NOT seen'}")
+
+    for name, outs in outputs.items():
+        ref_name = "on@topk4" if name.endswith("@topk4") else "on"
+        if name == ref_name:
+            continue
+        cmp = correctness.compare(outputs[ref_name], outs)
+        if cmp["failed"] or cmp["mismatched"]:
+            problems.append(f"{name} vs {ref_name}: {cmp}")
+    print("\n".join(notes))
+    assert not problems, "\n".join(problems)

@@ -1,0 +1,453 @@
+"""spec_v2 adapter against the installed SGLang classes (CPU only).
+
+What is real here: every SGLang class, dataclass, enum and signature.  What is not: the model
+calls.  ``test_forward_off_*`` replace the target forward and the draft-extend with recorders
+(the two calls need a GPU and weights); they check what the adapter hands to those calls and
+what it returns to the scheduler.  The end-to-end check is tests/gpu/test_spec_v2_gpu.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from types import SimpleNamespace
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def m():
+    from sglang_dynspec.adapters import spec_v2
+
+    return spec_v2
+
+
+@pytest.fixture(scope="module")
+def up(m):
+    """The installed upstream objects the adapter touches."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    mod = m.v2_worker_module()
+    return SimpleNamespace(
+        mod=mod,
+        Worker=mod.EAGLEWorkerV2,
+        DraftWorker=getattr(mod, "EagleDraftWorker", None),
+        GBR=mod.GenerationBatchResult,
+        EDI=mod.EagleDraftInput,
+        ForwardMode=ForwardMode,
+        CaptureHiddenMode=CaptureHiddenMode,
+        Algo=SpeculativeAlgorithm,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Contract shape
+
+
+def test_module_contract(m):
+    for name in ("decode_batch_size", "forward_off", "extra_hooks", "prepare", "describe"):
+        assert callable(getattr(m, name)), name
+
+
+def test_describe(m):
+    info = m.describe()
+    assert info["available"] is True
+    assert info["input"] in ("model_worker_batch", "schedule_batch")
+    assert info["graph_guard"], "no graph-runner guard target found"
+
+
+def test_input_kind_matches_release(m, sglang_version):
+    from packaging.version import Version
+
+    expected = "model_worker_batch" if sglang_version < Version("0.5.13") else "schedule_batch"
+    assert m.v2_input_kind() == expected
+
+
+# ------------------------------------------------------------------------------------------
+# Signatures of every upstream function the adapter calls, with the arguments it passes.
+
+
+def _bind(fn, *args, **kwargs):
+    inspect.signature(inspect.unwrap(fn)).bind(*args, **kwargs)
+
+
+def test_signature_target_forward(m):
+    from sglang.srt.managers.tp_worker import TpModelWorker
+
+    # forward_off calls target_worker.forward_batch_generation(batch) positionally.
+    _bind(TpModelWorker.forward_batch_generation, object(), object())
+
+
+def test_signature_draft_extend_for_decode(m, up):
+    # forward_off calls draft_worker._draft_extend_for_decode(batch, result).
+    owner = up.DraftWorker if up.DraftWorker is not None else up.Worker
+    _bind(owner._draft_extend_for_decode, object(), object(), object())
+
+
+def test_signature_worker_forward(m, up):
+    params = list(inspect.signature(inspect.unwrap(up.Worker.forward_batch_generation)).parameters)
+    if m.v2_input_kind() == "model_worker_batch":
+        assert params[:2] == ["self", "model_worker_batch"]
+    else:
+        assert params[:3] == ["self", "batch", "on_publish"]
+
+
+def test_draft_context_factories_exist(up):
+    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
+        assert callable(getattr(up.mod, name)), name
+    with contextlib.ExitStack() as st:  # they work without a server (module globals only)
+        st.enter_context(up.mod.speculative_moe_backend_context())
+        st.enter_context(up.mod.speculative_moe_a2a_backend_context())
+
+
+def test_signature_graph_capture_pieces(m):
+    if m.v2_input_kind() != "model_worker_batch":
+        pytest.skip("off-step graph capture is only implemented for the ModelWorkerBatch releases")
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    _bind(CudaGraphRunner.__init__, object(), object(), attn_backend=object())
+    _bind(ModelRunner._get_attention_backend, object(), init_new_workspace=True)
+    src = inspect.getsource(CudaGraphRunner.__init__)
+    # The capture relies on these two switches (see _capture_offstep_graphs).
+    assert "spec_algorithm.is_speculative()" in src
+    assert "enable_return_hidden_states" in src
+
+
+# ------------------------------------------------------------------------------------------
+# Dataclasses the adapter builds: real construction with CPU tensors.
+
+
+def test_draft_input_fields(m, up):
+    names = m.dataclass_field_names(up.EDI)
+    bonus = m.draft_input_bonus_field(up.EDI)
+    assert bonus in names
+    kw = {bonus: torch.tensor([5, 6], dtype=torch.int32)}
+    if "new_seq_lens" not in m.dataclass_field_names(up.GBR):
+        assert {"new_seq_lens", "verify_done"} <= names
+        kw.update(new_seq_lens=torch.tensor([10, 20]), verify_done=None)
+    di = up.EDI(**kw)
+    assert torch.equal(getattr(di, bonus), kw[bonus])
+    # What _draft_extend_for_decode fills in afterwards.
+    assert {"topk_p", "topk_index", "hidden_states"} <= names
+
+
+def test_generation_batch_result_fields(m, up):
+    names = m.dataclass_field_names(up.GBR)
+    # The scheduler's spec-v2 decode path reads these on every release we support.
+    for f in ("logits_output", "next_token_ids", "can_run_cuda_graph", "next_draft_input", "accept_lens"):
+        assert f in names, f
+    assert "speculative_num_draft_tokens" in names  # 0.5.12+: per-result output stride
+    kw = m.only_fields(
+        up.GBR,
+        logits_output=None,
+        next_token_ids=torch.zeros(8, dtype=torch.int32),
+        can_run_cuda_graph=False,
+        speculative_num_draft_tokens=4,
+        next_draft_input=None,
+        accept_lens=torch.ones(2, dtype=torch.int32),
+        new_seq_lens=torch.tensor([11, 21]),
+        extra_keep_alive_refs=[],
+        not_a_field=1,
+    )
+    assert "not_a_field" not in kw
+    res = up.GBR(**kw)
+    assert res.speculative_num_draft_tokens == 4
+
+
+def _required_fields(cls):
+    return [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.init
+    ]
+
+
+def m_fields(cls):
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_target_overrides_are_batch_fields(m):
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    keys = {"forward_mode", "input_ids", "out_cache_loc", "seq_lens", "spec_info", "capture_hidden_mode",
+            "seq_lens_cpu", "seq_lens_sum"}
+    if m.v2_input_kind() == "model_worker_batch":
+        from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+
+        assert keys <= m_fields(ModelWorkerBatch)
+    else:
+        assert keys - {"capture_hidden_mode"} <= m_fields(ScheduleBatch)
+        assert hasattr(ScheduleBatch, "capture_hidden_mode") or "capture_hidden_mode" in m_fields(ScheduleBatch)
+
+
+# ------------------------------------------------------------------------------------------
+# Graph guard
+
+
+def test_graph_guard_targets_resolve(m):
+    import pkgutil
+
+    targets = m.graph_guard_targets()
+    assert len(targets) == 1
+    owner, attr = targets[0].rsplit(".", 1)
+    assert callable(getattr(pkgutil.resolve_name(owner), attr))
+    assert m.extra_hooks() == [(targets[0], "around", m.graph_guard)]
+
+
+def test_graph_guard(m, up):
+    FM = up.ForwardMode
+    verify_runner = SimpleNamespace(capture_forward_mode=FM.TARGET_VERIFY)
+    decode_runner = SimpleNamespace(capture_forward_mode=FM.DECODE)
+    calls = []
+
+    def original(self, fb, *a, **k):
+        calls.append((self, fb.forward_mode))
+        return "deferred"
+
+    decode_fb = SimpleNamespace(forward_mode=FM.DECODE)
+    verify_fb = SimpleNamespace(forward_mode=FM.TARGET_VERIFY)
+    idle_fb = SimpleNamespace(forward_mode=FM.IDLE)
+    assert m.graph_guard(original, verify_runner, decode_fb) is False
+    assert calls == []
+    assert m.graph_guard(original, verify_runner, verify_fb) == "deferred"
+    assert m.graph_guard(original, verify_runner, idle_fb) == "deferred"
+    assert m.graph_guard(original, decode_runner, decode_fb) == "deferred"
+
+
+def test_graph_guard_real_runner_attribute(m):
+    """The attribute the guard reads is the one the installed runner sets."""
+    owner, attr = m.graph_guard_targets()[0].rsplit(".", 1)
+    import pkgutil
+
+    cls = pkgutil.resolve_name(owner)
+    assert "self.capture_forward_mode = ForwardMode.TARGET_VERIFY" in inspect.getsource(cls.__init__)
+
+
+# ------------------------------------------------------------------------------------------
+# decode_batch_size
+
+
+def _worker(up, algo="EAGLE3", cls=None, ndt=4):
+    cls = cls or up.Worker
+    w = object.__new__(cls)
+    w.speculative_algorithm = up.Algo.from_string(algo)
+    w.server_args = SimpleNamespace(enable_dp_attention=False, pp_size=1, enable_two_batch_overlap=False,
+                                    disable_cuda_graph=True)
+    w.speculative_num_draft_tokens = ndt
+    w.speculative_num_steps = ndt - 1
+    w.topk = 1
+    w.token_to_kv_pool_allocator = SimpleNamespace(get_kvcache=lambda: SimpleNamespace())
+    tmr = SimpleNamespace(hybrid_gdn_config=None, mamba2_config=None)
+    w._target_worker = SimpleNamespace(model_runner=tmr)
+    return w
+
+
+def _decode_batch(up, bs=2, **over):
+    b = SimpleNamespace(
+        forward_mode=up.ForwardMode.DECODE,
+        is_extend_in_batch=False,
+        spec_info=up.EDI(),
+        return_logprob=False,
+        global_num_tokens=None,
+        has_grammar=False,
+        sampling_info=SimpleNamespace(grammars=None),
+        reqs=[SimpleNamespace(return_hidden_states=False) for _ in range(bs)],
+        seq_lens=torch.arange(bs) + 10,
+    )
+    for k, v in over.items():
+        setattr(b, k, v)
+    return b
+
+
+def test_decode_batch_size_accepts_decode(m, up):
+    assert m.decode_batch_size(_worker(up), _decode_batch(up, bs=3)) == 3
+    assert m.decode_batch_size(_worker(up, algo="EAGLE"), _decode_batch(up, bs=1)) == 1
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"forward_mode": "EXTEND"},
+        {"forward_mode": "IDLE"},
+        {"is_extend_in_batch": True},
+        {"spec_info": None},
+        {"return_logprob": True},
+        {"global_num_tokens": [2, 2]},
+        {"has_grammar": True},
+        {"sampling_info": SimpleNamespace(grammars=[object()])},
+        {"reqs": [SimpleNamespace(return_hidden_states=True)]},
+    ],
+    ids=lambda d: next(iter(d)) + ("" if not isinstance(next(iter(d.values())), str) else "=" + next(iter(d.values()))),
+)
+def test_decode_batch_size_declines(m, up, over):
+    over = {k: (getattr(up.ForwardMode, v) if k == "forward_mode" else v) for k, v in over.items()}
+    assert m.decode_batch_size(_worker(up), _decode_batch(up, **over)) is None
+
+
+def test_decode_batch_size_subclasses(m, up):
+    from sglang.srt.speculative import standalone_worker_v2
+
+    sa = _worker(up, algo="STANDALONE", cls=standalone_worker_v2.StandaloneWorkerV2)
+    assert m.decode_batch_size(sa, _decode_batch(up)) == 2  # inherits forward_batch_generation
+
+    class Overrides(up.Worker):
+        def forward_batch_generation(self, *a, **k):  # noqa: D401 - test double of e.g. FrozenKVMTPWorkerV2
+            return None
+
+    assert m.decode_batch_size(_worker(up, cls=Overrides), _decode_batch(up)) is None
+    assert m.decode_batch_size(SimpleNamespace(), _decode_batch(up)) is None
+
+
+def test_decode_batch_size_worker_level_declines(m, up):
+    w = _worker(up)
+    w.server_args.enable_dp_attention = True
+    assert m.decode_batch_size(w, _decode_batch(up)) is None
+    w = _worker(up)
+    w._target_worker.model_runner.mamba2_config = object()
+    assert m.decode_batch_size(w, _decode_batch(up)) is None
+
+
+# ------------------------------------------------------------------------------------------
+# forward_off with the two model calls replaced by recorders
+
+
+class _TargetRecorder:
+    def __init__(self, up, hidden=6, new_tokens=(7, 8)):
+        self.up, self.hidden, self.new_tokens, self.batches = up, hidden, new_tokens, []
+        self.model_runner = SimpleNamespace()
+
+    def forward_batch_generation(self, batch, *a, **k):
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        # Snapshot: the ScheduleBatch path restores the fields after the call.
+        self.batches.append({f: getattr(batch, f) for f in (
+            "forward_mode", "input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "seq_lens_sum",
+            "spec_info", "capture_hidden_mode")})
+        bs = batch.seq_lens.shape[0]
+        lo = LogitsProcessorOutput(next_token_logits=torch.zeros(bs, 11),
+                                   hidden_states=torch.arange(bs * self.hidden, dtype=torch.float32).view(bs, -1))
+        return self.up.GBR(logits_output=lo, next_token_ids=torch.tensor(self.new_tokens, dtype=torch.int64),
+                           can_run_cuda_graph=False)
+
+
+class _DraftRecorder:
+    plan_stream = None
+
+    def __init__(self):
+        self.calls = []
+        self.draft_runner = SimpleNamespace(tp_group=None)
+
+    def draft_tp_context(self, group):
+        return contextlib.nullcontext()
+
+    def _draft_extend_for_decode(self, batch, result):
+        self.calls.append((batch.out_cache_loc.clone(), batch.seq_lens.clone(), result))
+        nd = result.next_draft_input
+        nd.topk_p = torch.ones(2, 1)
+        nd.topk_index = torch.zeros(2, 1, dtype=torch.int64)
+        nd.hidden_states = torch.zeros(2, 6)
+
+
+def _off_setup(m, up, ndt=4):
+    w = _worker(up, ndt=ndt)
+    target, draft = _TargetRecorder(up), _DraftRecorder()
+    w._target_worker = target
+    w._draft_worker = draft
+    # req_to_token[r, p] = 100*r + p, so every slot names its (request, position).
+    req_to_token = (torch.arange(4).unsqueeze(1) * 100 + torch.arange(64)).to(torch.int32)
+    w.req_to_token_pool = SimpleNamespace(req_to_token=req_to_token)
+    bonus = m.draft_input_bonus_field(up.EDI)
+    spec_info = up.EDI(**{bonus: torch.tensor([3, 4], dtype=torch.int32)})
+    seq_lens = torch.tensor([10, 20])
+    fields = dict(
+        forward_mode=up.ForwardMode.DECODE,
+        input_ids=torch.tensor([-1, -1]),
+        req_pool_indices=torch.tensor([1, 3]),
+        seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens.clone(),
+        seq_lens_sum=30,
+        out_cache_loc=None,
+        spec_info=spec_info,
+        capture_hidden_mode=up.CaptureHiddenMode.NULL,
+        orig_seq_lens=None,
+        return_logprob=False,
+    )
+    if m.v2_input_kind() == "model_worker_batch":
+        from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+
+        kw = {name: None for name in _required_fields(ModelWorkerBatch)}
+        kw.update(fields)
+        batch = ModelWorkerBatch(**kw)
+    else:
+        batch = SimpleNamespace(**fields)  # a real ScheduleBatch needs a live memory pool
+    return w, target, draft, batch
+
+
+def test_forward_off_builds_target_decode_and_result(m, up):
+    ndt = 4
+    w, target, draft, batch = _off_setup(m, up, ndt=ndt)
+    published = []
+    kwargs = {"on_publish": published.append} if m.v2_input_kind() == "schedule_batch" else {}
+    res = m.forward_off(w, batch, **kwargs)
+
+    # Target call: plain DECODE, one token per request at position seq_lens.
+    (tb,) = target.batches
+    assert tb["forward_mode"] == up.ForwardMode.DECODE
+    assert tb["spec_info"] is None
+    assert tb["capture_hidden_mode"] == up.CaptureHiddenMode.FULL
+    assert tb["input_ids"].tolist() == [3, 4] and tb["input_ids"].dtype == torch.int64
+    assert tb["out_cache_loc"].tolist() == [110, 320]  # req_to_token[rpi, seq_lens]
+    assert tb["seq_lens"].tolist() == [11, 21]
+    assert tb["seq_lens_cpu"].tolist() == [11, 21]
+    assert tb["seq_lens_sum"] == 32
+    # The scheduler's batch is untouched where the draft-extend needs the old values.
+    assert batch.seq_lens.tolist() == [10, 20]
+    assert batch.forward_mode == up.ForwardMode.DECODE
+
+    # Result: a verify whose drafts were all rejected.
+    assert isinstance(res, up.GBR)
+    assert res.speculative_num_draft_tokens == ndt
+    assert res.next_token_ids.tolist() == [7] * ndt + [8] * ndt
+    assert res.next_token_ids.dtype == torch.int32
+    assert res.accept_lens.tolist() == [1, 1] and res.accept_lens.dtype == torch.int32
+    assert res.logits_output.hidden_states.shape == (2 * ndt, 6)
+    assert torch.equal(res.logits_output.hidden_states[::ndt], torch.arange(12, dtype=torch.float32).view(2, 6))
+    nd = res.next_draft_input
+    assert isinstance(nd, up.EDI)
+    assert getattr(nd, m.draft_input_bonus_field(up.EDI)).tolist() == [7, 8]
+    if "new_seq_lens" in m.dataclass_field_names(up.GBR):
+        assert res.new_seq_lens.tolist() == [11, 21]
+        assert [t.tolist() for t in published] == [[11, 21]]
+    else:
+        assert nd.new_seq_lens.tolist() == [11, 21]
+        assert nd.verify_done is not None
+
+    # Draft sync: the verify window [seq_lens, seq_lens + ndt), old seq_lens.
+    ((loc, seq_lens, passed),) = draft.calls
+    assert passed is res
+    assert loc.tolist() == [110, 111, 112, 113, 320, 321, 322, 323]
+    assert seq_lens.tolist() == [10, 20]
+    assert nd.topk_p is not None and nd.hidden_states is not None
+
+
+def test_forward_off_standalone_captures_nothing(m, up):
+    w, target, draft, batch = _off_setup(m, up)
+    w.speculative_algorithm = up.Algo.from_string("STANDALONE")
+    kwargs = {"on_publish": None} if m.v2_input_kind() == "schedule_batch" else {}
+    m.forward_off(w, batch, **kwargs)
+    assert target.batches[0]["capture_hidden_mode"] == up.CaptureHiddenMode.NULL
+
+
+def test_prepare_without_graphs_is_noop(m, up, monkeypatch):
+    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "0")
+    w = _worker(up)
+    m.prepare(w)
+    m.prepare(w)  # idempotent
+    assert w.__dict__[m._STATE_ATTR]["graphs"] is None

@@ -1,0 +1,263 @@
+"""The v1 (EAGLEWorker) adapter against the installed SGLang's real classes, on CPU.
+
+What runs on the GPU (the forwards, the triton kernels) is covered by tests/gpu/test_v1_gpu.py;
+here: the objects the adapter builds are valid instances of the installed dataclasses, every
+SGLang callable it uses accepts the arguments it passes, and the pure-Python decisions.
+"""
+
+import dataclasses
+import inspect
+from types import SimpleNamespace
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+torch = pytest.importorskip("torch")
+
+
+def _has_v1():
+    try:
+        from sglang.srt.speculative import eagle_worker
+
+        return hasattr(eagle_worker, "EAGLEWorker")
+    except ImportError:
+        return False
+
+
+requires_v1 = pytest.mark.skipif(not _has_v1(), reason="installed SGLang has no v1 EAGLEWorker")
+
+
+@pytest.fixture(scope="module")
+def v1():
+    from sglang_dynspec.adapters import v1 as mod
+
+    return mod
+
+
+def _bind(fn, *args, **kwargs):
+    inspect.signature(fn).bind(*args, **kwargs)  # raises TypeError on a mismatch
+
+
+def _extend_rows(v1, n=3, hidden=24):
+    return v1.build_draft_extend_input(
+        hidden_states=torch.randn(n, hidden),
+        tokens=torch.arange(10, 10 + n, dtype=torch.int32),
+        seq_lens=torch.arange(5, 5 + n, dtype=torch.int64),
+        seq_lens_cpu=torch.arange(5, 5 + n, dtype=torch.int64),
+        req_pool_indices=torch.arange(n, dtype=torch.int64),
+    )
+
+
+@requires_v1
+def test_draft_extend_input_is_a_real_instance_with_one_token_per_request(v1):
+    from sglang.srt.speculative import eagle_info
+
+    de = _extend_rows(v1)
+    layout = v1.draft_extend_layout()
+    if layout == "extend_input":
+        assert type(de) is eagle_info.EagleDraftExtendInput
+        assert de.num_correct_drafts.tolist() == [0, 0, 0]
+        assert de.num_accept_tokens.tolist() == [1, 1, 1]
+        assert de.num_accept_tokens_cpu == [1, 1, 1]
+        assert de.input_ids.tolist() == [10, 11, 12]
+        assert de.num_accept_tokens.dtype == torch.int32
+    else:
+        assert type(de) is eagle_info.EagleDraftInput
+        assert de.verified_id.tolist() == [10, 11, 12]
+        assert de.seq_lens_for_draft_extend.tolist() == [5, 6, 7]
+        if layout == "num_accepted":
+            assert de.num_accepted_drafts_cpu == [0, 0, 0]
+            assert de.num_accepted_tokens_cpu == [1, 1, 1]
+        else:
+            # prepare_extend_after_decode adds the bonus token itself.
+            assert de.accept_length.tolist() == [0, 0, 0]
+            assert de.accept_length_cpu == [0, 0, 0]
+    # Every field we set is a declared field of the installed dataclass.
+    names = {f.name for f in dataclasses.fields(type(de))}
+    assert {"hidden_states"} <= names
+
+
+@requires_v1
+def test_draft_extend_input_matches_what_verify_builds(v1):
+    """The keyword names we pass are the ones the installed verify() passes."""
+    from sglang.srt.speculative import eagle_info
+
+    src = inspect.getsource(eagle_info.EagleVerifyInput.verify)
+    layout = v1.draft_extend_layout()
+    expected = {
+        "extend_input": ["num_correct_drafts=", "num_accept_tokens=", "num_accept_tokens_cpu=", "input_ids="],
+        "num_accepted": ["num_accepted_drafts=", "num_accepted_tokens=", "seq_lens_for_draft_extend="],
+        "accept_length": ["accept_length=", "accept_length_cpu=", "seq_lens_for_draft_extend="],
+    }[layout]
+    for kw in expected:
+        assert kw in src, f"{kw} not used by the installed EagleVerifyInput.verify"
+
+
+def test_result_fields_build_a_valid_generation_batch_result(v1):
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    kw = v1.result_kwargs(GenerationBatchResult, bs=4)
+    assert len(kw) == 2, kw
+    count = [k for k in kw if not k.endswith("_cpu")][0]
+    per_req = [k for k in kw if k.endswith("_cpu")][0]
+    assert kw[count] == 0 and kw[per_req] == [0, 0, 0, 0]
+    r = GenerationBatchResult(
+        logits_output=None, next_token_ids=torch.tensor([1, 2, 3, 4]), can_run_cuda_graph=False, **kw
+    )
+    assert getattr(r, count) == 0
+    # The scheduler's v1 path reads the count as an int (update_spec_metrics).
+    assert isinstance(getattr(r, count), int)
+
+
+@requires_v1
+def test_signatures_of_everything_called(v1):
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.mem_cache.common import alloc_for_decode
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+    from sglang.srt.sampling.penaltylib.orchestrator import BatchedPenalizerOrchestrator
+    from sglang.srt.speculative import eagle_worker as ew
+
+    x = object()
+    _bind(alloc_for_decode, x, token_per_req=1)
+    _bind(TpModelWorker.forward_batch_generation, x, x)
+    _bind(ew.EAGLEWorker.forward_draft_extend_after_decode, x, x)
+    _bind(ew.EAGLEWorker._draft_preprocess_idle, x, x)
+    _bind(ScheduleBatch.get_model_worker_batch, x)
+    _bind(Req.check_finished, x)
+    if hasattr(Req, "update_reasoning_tokens"):
+        _bind(Req.update_reasoning_tokens, x, 1, 2)
+    _bind(BatchedPenalizerOrchestrator.cumulate_output_tokens, x, x)
+    _bind(CudaGraphRunner.can_run, x, x)
+    # Context managers the adapter enters around the draft forward.
+    assert callable(ew.EAGLEWorker.__init__)
+    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
+        if hasattr(ew, name):
+            _bind(getattr(ew, name))
+    assert "draft_tp_context" in inspect.getsource(ew.EAGLEWorker.__init__)
+
+
+@requires_v1
+def test_fields_the_adapter_touches_exist():
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.managers.schedule_batch import ModelWorkerBatch, Req, ScheduleBatch
+
+    sb = {f.name for f in dataclasses.fields(ScheduleBatch)}
+    for name in (
+        "reqs", "forward_mode", "spec_info", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "out_cache_loc",
+        "input_ids", "req_pool_indices", "return_logprob", "model_config", "sampling_info",
+    ):
+        assert name in sb, name
+    assert "capture_hidden_mode" in {f.name for f in dataclasses.fields(ModelWorkerBatch)}
+    lo = {f.name for f in dataclasses.fields(LogitsProcessorOutput)}
+    for name in (
+        "hidden_states", "next_token_logprobs", "next_token_top_logprobs_val", "next_token_top_logprobs_idx",
+        "next_token_token_ids_logprobs_val", "next_token_token_ids_logprobs_idx",
+    ):
+        assert name in lo, name
+    init = inspect.getsource(Req.__init__)
+    for attr in (
+        "kv_committed_len", "kv_allocated_len", "spec_verify_ct", "output_token_logprobs_val",
+        "output_top_logprobs_val", "output_token_ids_logprobs_val",
+    ):
+        assert f"self.{attr}" in init, attr
+
+
+@requires_v1
+def test_last_token_ids_reads_the_installed_draft_input(v1):
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    names = {f.name for f in dataclasses.fields(EagleDraftInput)}
+    field = "bonus_tokens" if "bonus_tokens" in names else "verified_id"
+    di = EagleDraftInput(**{field: torch.tensor([7, 8], dtype=torch.int32)})
+    assert v1.last_token_ids(di).tolist() == [7, 8]
+
+
+# --- graph guard -----------------------------------------------------------------
+
+
+def _fm():
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return ForwardMode
+
+
+def test_guard_refuses_decode_on_a_verify_runner(v1):
+    FM = _fm()
+    called = []
+
+    def original(self, fb):
+        called.append(fb)
+        return True
+
+    verify_runner = SimpleNamespace(capture_forward_mode=FM.TARGET_VERIFY)
+    decode_runner = SimpleNamespace(capture_forward_mode=FM.DECODE)
+    assert v1.can_run_guard(original, verify_runner, SimpleNamespace(forward_mode=FM.DECODE)) is False
+    assert called == []
+    for mode in (FM.TARGET_VERIFY, FM.IDLE, FM.EXTEND):
+        assert v1.can_run_guard(original, verify_runner, SimpleNamespace(forward_mode=mode)) is True
+    assert v1.can_run_guard(original, decode_runner, SimpleNamespace(forward_mode=FM.DECODE)) is True
+    assert len(called) == 4
+
+
+def test_extra_hooks_target_resolves_to_can_run(v1):
+    import pkgutil
+
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
+    [(target, kind, fn)] = v1.extra_hooks()
+    owner, attr = target.rsplit(".", 1)
+    assert pkgutil.resolve_name(owner) is CudaGraphRunner and attr == "can_run"
+    assert kind == "around" and fn is v1.can_run_guard
+
+
+# --- decode_batch_size -----------------------------------------------------------
+
+
+def _worker(dp=False, algo="EAGLE3", hybrid=False):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    mr = SimpleNamespace(hybrid_gdn_config=object() if hybrid else None, mamba2_config=None)
+    return SimpleNamespace(
+        speculative_algorithm=SpeculativeAlgorithm.from_string(algo),
+        server_args=SimpleNamespace(enable_dp_attention=dp),
+        target_worker=SimpleNamespace(model_runner=mr),
+    )
+
+
+def _batch(mode, n=3, spec_info="ready"):
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    names = {f.name for f in dataclasses.fields(EagleDraftInput)}
+    field = "bonus_tokens" if "bonus_tokens" in names else "verified_id"
+    si = None
+    if spec_info == "ready":
+        si = EagleDraftInput(topk_p=torch.zeros(n, 4), **{field: torch.zeros(n, dtype=torch.int32)})
+    return SimpleNamespace(
+        forward_mode=mode, is_extend_in_batch=False, is_spec_v2=False, spec_info=si, reqs=[object()] * n
+    )
+
+
+@requires_v1
+def test_decode_batch_size(v1):
+    FM = _fm()
+    assert v1.decode_batch_size(_worker(), _batch(FM.DECODE, 5)) == 5
+    assert v1.decode_batch_size(_worker(algo="EAGLE"), _batch(FM.DECODE, 2)) == 2
+    for mode in (FM.EXTEND, FM.IDLE, FM.MIXED, FM.TARGET_VERIFY):
+        assert v1.decode_batch_size(_worker(), _batch(mode)) is None
+    mixed = _batch(FM.DECODE)
+    mixed.is_extend_in_batch = True
+    assert v1.decode_batch_size(_worker(), mixed) is None
+    assert v1.decode_batch_size(_worker(dp=True), _batch(FM.DECODE)) is None
+    assert v1.decode_batch_size(_worker(hybrid=True), _batch(FM.DECODE)) is None
+    assert v1.decode_batch_size(_worker(), _batch(FM.DECODE, spec_info=None)) is None
+    assert v1.decode_batch_size(_worker(), _batch(FM.DECODE, n=0)) is None
+
+
+def test_describe_is_plain_data(v1):
+    import json
+
+    d = v1.describe()
+    json.dumps(d)
+    assert d["adapter"] == "v1" and "error" not in d, d

@@ -1,0 +1,137 @@
+"""Sweep driver end to end against fake servers launched as `python -m sglang.launch_server`."""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aiohttp")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks import report  # noqa: E402
+from benchmarks.dynspec_bench import cli, sweep as sweep_mod  # noqa: E402
+from benchmarks.dynspec_bench.modes import ServerConfig  # noqa: E402
+from benchmarks.dynspec_bench.results import RESULT_SCHEMA, validate  # noqa: E402
+from benchmarks.dynspec_bench.server import ServerProcess  # noqa: E402
+from benchmarks.dynspec_bench.sweep import Sweep, SweepConfig  # noqa: E402
+from benchmarks.dynspec_bench.testing.fixtures import free_port, python_path_env  # noqa: E402
+
+FLIP = 3
+
+
+@pytest.fixture
+def shim_env(monkeypatch):
+    # Servers are launched the real way (python -m sglang.launch_server); the shim is that sglang.
+    for k, v in python_path_env(shim=True).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("FAKE_SGLANG_TOKEN_DELAY_S", "0.002")
+    monkeypatch.setenv("FAKE_SGLANG_STARTUP_S", "0.2")
+    monkeypatch.setattr(sweep_mod, "STATS_SETTLE_S", 0.4)
+
+
+def _factory(spec, log_dir):
+    # Free ports (not the fixed 30000+), and a simulated output drift for the `on` mode only.
+    spec.port = free_port()
+    if spec.name == "on":
+        spec.env["FAKE_SGLANG_FLIP_AT"] = str(FLIP)
+    return ServerProcess(spec, log_dir, grace_s=5)
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(
+        waves=[["off", "on", "dynspec:random"]],
+        server=ServerConfig(model="m", draft="d", stats_root=str(tmp_path / "stats"), max_total_tokens=4096),
+        concurrency=[1, 4], output_len=12, input_len=16, requests_factor=2, warmup_tokens=4,
+        correctness_prompts=6, correctness_tokens=8, correctness_concurrency=3,
+        out_dir=str(tmp_path / "out"), name="t", server_factory=_factory,
+    )
+    base.update(kw)
+    return SweepConfig(**base)
+
+
+def test_sweep_writes_valid_json_png_and_detects_mismatch(tmp_path, shim_env):
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("matplotlib")
+    rec = Sweep(_cfg(tmp_path), argv=["sweep", "--test"]).run()
+    out = tmp_path / "out"
+    on_disk = json.loads((out / "t.json").read_text())
+    jsonschema.validate(on_disk, RESULT_SCHEMA)
+    assert (out / "t.png").stat().st_size > 1000
+    assert set(on_disk["modes"]) == {"off", "on", "dynspec:random"}
+    for mode, levels in on_disk["modes"].items():
+        assert set(levels) == {"1", "4"}
+        for c, lv in levels.items():
+            assert lv["failed"] == 0 and lv["requests"] == max(8, 2 * int(c))
+            assert lv["output_tok_per_s"] > 0
+    assert on_disk["modes"]["off"]["1"]["switches"] == 0
+    dyn = on_disk["modes"]["dynspec:random"]["4"]
+    # random policy in the fake flips a coin per token: many switches, steps = tokens generated
+    assert dyn["decode_steps"] == 8 * 12 and dyn["switches"] > 10
+    assert on_disk["modes"]["on"]["1"]["accept_length"] == pytest.approx(2.0)
+    assert on_disk["correctness"]["off"]["mismatched"] == 0
+    assert on_disk["correctness"]["on"] == {"requests": 6, "mismatched": 6, "first_mismatch": [FLIP] * 6,
+                                             "failed": 0}
+    assert on_disk["correctness"]["dynspec:random"]["first_mismatch"] == [None] * 6
+    best = max(on_disk["modes"]["off"]["4"]["output_tok_per_s"], on_disk["modes"]["on"]["4"]["output_tok_per_s"])
+    assert on_disk["ratio_to_best_static"]["dynspec:random"]["4"] == pytest.approx(
+        on_disk["modes"]["dynspec:random"]["4"]["output_tok_per_s"] / best, rel=1e-3)
+    assert on_disk["flags"]["dynspec:random"]["env"]["SGLANG_DYNSPEC_POLICY"] == "random"
+    assert "--speculative-algorithm" in on_disk["flags"]["on"]["args"]
+    assert "--speculative-algorithm" not in on_disk["flags"]["off"]["args"]
+    assert on_disk["phase_times_s"]["start_wave0"] > 0 and "start:on" in on_disk["phase_times_s"]
+    assert on_disk["server_stats"]["dynspec:random"]["dynspec_stats"]["policy"] == "random"
+    assert rec["topk"] == 1 and rec["num_draft_tokens"] == 3
+    table = report.report(on_disk, "t.json")
+    assert "dynspec:random" in table and f"| on | 6 / 6 | {', '.join([str(FLIP)] * 6)} |" in table
+
+
+def test_deadline_skips_but_still_writes(tmp_path, shim_env):
+    rec = Sweep(_cfg(tmp_path, deadline=time.monotonic() - 1)).run()
+    assert rec["modes"] == {}
+    assert {s["mode"] for s in rec["skipped"]} == {"off", "on", "dynspec:random"}
+    assert json.loads((tmp_path / "out" / "t.json").read_text())["skipped"]
+
+
+def test_failed_server_is_reported_and_others_measured(tmp_path, shim_env, monkeypatch):
+    def factory(spec, log_dir):
+        if spec.name == "on":
+            spec.env["FAKE_SGLANG_DIE_IF_FLAG"] = "--speculative-algorithm"
+        return _factory(spec, log_dir)
+
+    rec = Sweep(_cfg(tmp_path, waves=[["off", "on"]], concurrency=[2], server_factory=factory)).run()
+    assert "on" not in rec["modes"] and "2" in rec["modes"]["off"]
+    assert "unrecognized arguments" in rec["errors"]["on"]["start"]
+
+
+def test_validate_names_the_bad_field():
+    rec = {"kind": "sweep"}
+    with pytest.raises(ValueError, match="sglang_version|required"):
+        validate(rec)
+
+
+def test_config_and_cli_errors_name_the_field(tmp_path):
+    with pytest.raises(ValueError, match="twice"):
+        _cfg(tmp_path, waves=[["off"], ["off"]])
+    with pytest.raises(ValueError, match="concurrency"):
+        _cfg(tmp_path, concurrency=[0])
+    with pytest.raises(ValueError, match="kind must be"):
+        _cfg(tmp_path, waves=[["fast"]])
+    with pytest.raises(SystemExit):
+        cli.main(["sweep", "-C", "1,x"])
+    with pytest.raises(SystemExit, match="--policy-args"):
+        cli.main(["sweep", "--modes", "off", "--policy-args", "{bad", "--out-dir", str(tmp_path)])
+
+
+def test_cli_sweep_through_real_launcher(tmp_path, shim_env):
+    rc = cli.main(["sweep", "--modes", "off", "-C", "2", "--output-len", "6", "--input-len", "8",
+                   "--correctness-prompts", "2", "--out-dir", str(tmp_path), "--name", "c",
+                   "--base-port", str(free_port()), "--stats-root", str(tmp_path / "s")])
+    assert rc == 0
+    rec = json.loads((tmp_path / "c.json").read_text())
+    assert rec["modes"]["off"]["2"]["requests"] == 16
+    assert "--max-total-tokens" in rec["flags"]["off"]["args"]
+    assert rec["command"].endswith("--stats-root " + str(tmp_path / "s"))
+    assert not os.environ.get("DYNSPEC_COMMAND")

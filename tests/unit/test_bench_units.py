@@ -1,0 +1,143 @@
+"""Pure pieces of the harness: mode grammar, stats files, comparisons, prompts; fuzz/offstep on fakes."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.dynspec_bench import correctness as corr  # noqa: E402
+from benchmarks.dynspec_bench.modes import (  # noqa: E402
+    ServerConfig, build_server_spec, parse_mode, worker_path_guess,
+)
+from benchmarks.dynspec_bench.prompts import PromptSource, load_prompts, random_prompts  # noqa: E402
+from benchmarks.dynspec_bench.stats import delta, read_stats  # noqa: E402
+
+
+def test_mode_grammar():
+    m = parse_mode("dynspec:random@topk4+nooverlap")
+    assert (m.kind, m.policy, m.shape["topk"], m.overlap) == ("dynspec", "random", 4, False)
+    assert parse_mode("off").shape is None
+    for bad, msg in [("", "non-empty"), ("on@topk9", "unknown variant"), ("off@topk4", "nooverlap"),
+                     ("dynspec:", "policy name"), ("fast", "kind must be"), ("on@topk1+topk4", "exclude")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_mode(bad)
+
+
+def test_worker_path_rules():
+    assert worker_path_guess(parse_mode("on"), "0.5.12") == "spec_v2"
+    assert worker_path_guess(parse_mode("on@topk4"), "0.5.12") == "v1"
+    assert worker_path_guess(parse_mode("on@nooverlap"), "0.5.12") == "v1"
+    assert worker_path_guess(parse_mode("on@topk4"), "0.5.15") == "spec_v2"
+    assert worker_path_guess(parse_mode("off"), "0.5.12") is None
+
+
+def test_server_spec_flags_and_env():
+    cfg = ServerConfig(model="/m", draft="/d", max_total_tokens=5000, policy_args={"seed": 7}, stats_root="/s")
+    off = build_server_spec(parse_mode("off@nooverlap"), cfg, 31000)
+    assert "--disable-overlap-schedule" in off.args and "--speculative-algorithm" not in off.args
+    assert off.args[off.args.index("--max-total-tokens") + 1] == "5000" and off.env == {}
+    dyn = build_server_spec(parse_mode("dynspec:threshold@topk4"), cfg, 31001)
+    a = dyn.args
+    assert a[a.index("--speculative-eagle-topk") + 1] == "4"
+    assert a[a.index("--speculative-num-draft-tokens") + 1] == "16"
+    assert dyn.env["SGLANG_DYNSPEC_ENABLED"] == "1" and dyn.env["SGLANG_DYNSPEC_POLICY"] == "threshold"
+    assert json.loads(dyn.env["SGLANG_DYNSPEC_POLICY_ARGS"]) == {"seed": 7}
+    assert dyn.env["SGLANG_DYNSPEC_STATS_DIR"].startswith("/s/")
+    assert dyn.optional_flags == ["--disable-piecewise-cuda-graph"] and a[-1] == "--disable-piecewise-cuda-graph"
+    with pytest.raises(ValueError, match="draft"):
+        build_server_spec(parse_mode("on"), ServerConfig(model="/m"), 1)
+    with pytest.raises(ValueError, match="model"):
+        build_server_spec(parse_mode("off"), ServerConfig(model=""), 1)
+
+
+def test_stats_sum_rank0_and_skip_broken(tmp_path):
+    assert read_stats(tmp_path) is None
+    (tmp_path / "stats-1.json").write_text(json.dumps(
+        {"pid": 1, "tp_rank": 0, "decode_steps": 10, "steps_on": 4, "steps_off": 6, "switches": 3,
+         "policy_errors": 0, "policy": "random", "worker_path": "v1"}))
+    (tmp_path / "stats-2.json").write_text(json.dumps({"pid": 2, "tp_rank": 1, "decode_steps": 10, "switches": 3}))
+    (tmp_path / "stats-3.json").write_text("{half a file")
+    s = read_stats(tmp_path)
+    assert s["decode_steps"] == 10 and s["switches"] == 3 and s["processes"] == 1 and s["worker_path"] == "v1"
+    later = dict(s, decode_steps=25, switches=9)
+    d = delta(s, later)
+    assert d["decode_steps"] == 15 and d["switches"] == 6
+    assert delta(s, None) is None
+
+
+def test_compare_finds_first_mismatch():
+    ref = [[1, 2, 3], [4, 5, 6], [7, 8], [1]]
+    got = [[1, 2, 3], [4, 9, 6], [7, 8, 9], None]
+    c = corr.compare(ref, got)
+    assert c["first_mismatch"] == [None, 1, 2, 0] and c["mismatched"] == 3 and c["failed"] == 1
+    with pytest.raises(ValueError, match="outputs"):
+        corr.compare(ref, got[:2])
+
+
+def test_prompts_seeded_distinct_and_in_range(tmp_path):
+    a = random_prompts(3, 50, seed=1)
+    assert a == random_prompts(3, 50, seed=1) and a != random_prompts(3, 50, seed=2)
+    assert all(1000 <= t < 30000 for p in a for t in p) and all(len(p) == 50 for p in a)
+    src = PromptSource(16, seed=0)
+    assert src.take(2, salt=1) != src.take(2, salt=2)
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"prompts": [[1, 2], [3]]}))
+    assert load_prompts(f) == [[1, 2], [3]]
+    assert PromptSource(path=str(f)).take(3, salt=0) == [[1, 2], [3], [1, 2]]
+    f.write_text(json.dumps([[1, "x"]]))
+    with pytest.raises(ValueError, match=r"prompts\[0\]"):
+        load_prompts(f)
+
+
+# ---- fuzz and offstep kinds on fake servers -----------------------------------------------------
+@pytest.fixture
+def fake_launch(monkeypatch):
+    pytest.importorskip("aiohttp")
+    from benchmarks.dynspec_bench.server import ServerProcess
+    from benchmarks.dynspec_bench.testing.fixtures import free_port, python_path_env
+
+    for k, v in python_path_env(shim=True).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("FAKE_SGLANG_TOKEN_DELAY_S", "0.001")
+    monkeypatch.setenv("FAKE_SGLANG_STARTUP_S", "0.2")
+
+    def factory(spec, log_dir):
+        spec.port = free_port()
+        return ServerProcess(spec, log_dir, grace_s=5)
+
+    return factory
+
+
+def test_fuzz_reaches_steps_and_records(tmp_path, fake_launch, monkeypatch):
+    from benchmarks.dynspec_bench import fuzz
+    from benchmarks.dynspec_bench.results import validate
+
+    monkeypatch.setattr(fuzz, "STATS_SETTLE_S", 0.4)
+    cfg = fuzz.FuzzConfig(server=ServerConfig(model="m", draft="d", stats_root=str(tmp_path / "s")),
+                          concurrency=[2, 4], min_decode_steps=150, output_len=16, input_len=8,
+                          out_dir=str(tmp_path), name="f", server_factory=fake_launch)
+    rec = fuzz.run_fuzz(cfg, argv=["fuzz"])
+    validate(rec)
+    for c in ("2", "4"):
+        lv = rec["per_C"][c]
+        assert lv["decode_steps"] >= 150 and lv["switches"] > 0
+        assert lv["crashed"] is False and lv["leak_reports"] == 0 and lv["mismatched"] == 0
+        assert lv["accept_length_static_on"] == pytest.approx(2.0)
+    assert json.loads((tmp_path / "f.json").read_text())["policy"] == "random"
+
+
+def test_offstep_ratio(tmp_path, fake_launch):
+    from benchmarks.dynspec_bench import offstep
+    from benchmarks.dynspec_bench.results import validate
+
+    cfg = offstep.OffstepConfig(server=ServerConfig(model="m", draft="d"), batch_sizes=[1, 2], output_len=20,
+                                input_len=8, out_dir=str(tmp_path), name="o", server_factory=fake_launch)
+    rec = offstep.run_offstep(cfg, argv=["offstep"])
+    validate(rec)
+    for bs in ("1", "2"):
+        x = rec["per_bs"][bs]
+        assert x["ratio"] == pytest.approx(x["off_step_ms"] / x["plain_step_ms"], rel=1e-3)
+        assert 0.3 < x["ratio"] < 3  # same fake per-token delay on both servers

@@ -1,0 +1,153 @@
+"""The controller: timing, acceptance, switch counting, safe mode, TP agreement."""
+
+import logging
+
+import pytest
+
+from sglang_dynspec.decisions import Controller
+from sglang_dynspec.policies import build_policy
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class Scripted:
+    name = "scripted"
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def decide(self, x):
+        return self.fn(x)
+
+
+def test_counts_switches_and_modes():
+    c = Controller(build_policy("threshold", {"n": 4}))
+    for bs in [1, 2, 8, 8, 2, 9]:
+        c.on_decode(bs)
+    s = c.snapshot()
+    assert s["decode_steps"] == 6 and s["steps_on"] == 3 and s["steps_off"] == 3
+    assert s["switches"] == 3
+
+
+def test_step_costs_measured_from_intervals_and_agreed():
+    clock = Clock()
+    c = Controller(build_policy("always", {}), clock=clock, sync_interval=4)
+    for i in range(40):
+        c.on_decode(8)
+        clock.t += 0.010
+    assert c.view is not None
+    assert c.view.estimate(True, 8) == pytest.approx(0.010)
+    assert c.view.estimate(False, 8) is None
+
+
+def test_other_batches_break_the_timing_chain():
+    clock = Clock()
+    c = Controller(build_policy("always", {}), clock=clock, sync_interval=1)
+    c.on_decode(4)
+    clock.t += 0.5  # a prefill ran in between
+    c.on_other()
+    c.on_decode(4)
+    clock.t += 0.01
+    c.on_decode(4)
+    assert c.costs.estimate_local(True, 4) == pytest.approx(0.01)
+
+
+def test_acceptance_estimate():
+    c = Controller(build_policy("always", {}))
+    for _ in range(200):
+        c.on_result(decode_bs=4, accepted_drafts=6)  # 1.5 drafts per row
+    assert c.accept_length == pytest.approx(2.5)
+    assert c.snapshot()["accept_samples"] == 200
+
+
+@pytest.mark.parametrize(
+    "fn, reason",
+    [
+        (lambda x: 1 / 0, "raised ZeroDivisionError"),
+        (lambda x: "yes", "returned 'yes'"),
+        (lambda x: None, "returned None"),
+    ],
+)
+def test_bad_policy_falls_back_to_safe_mode_once(fn, reason, caplog):
+    c = Controller(Scripted(fn), safe_mode_on=False)
+    with caplog.at_level(logging.ERROR, logger="sglang_dynspec"):
+        out = [c.on_decode(8) for _ in range(5)]
+    assert out == [False] * 5
+    assert c.failed and reason in c.failed
+    assert c.snapshot()["policy_errors"] == 1
+    assert sum("disabled for the rest of the run" in r.message for r in caplog.records) == 1
+
+
+def test_slow_policy_is_replaced_single_rank():
+    clock = Clock()
+
+    def slow(x):
+        clock.t += 0.5
+        return False
+
+    c = Controller(Scripted(slow), clock=clock, deadline_s=0.01, safe_mode_on=True)
+    assert c.on_decode(8) is True
+    assert "deadline" in c.failed
+
+
+def test_slow_policy_waits_for_agreement_with_several_ranks():
+    clock = Clock()
+
+    def slow(x):
+        clock.t += 0.5 if x.step == 2 else 0.0
+        return False
+
+    sums = []
+
+    def agree(vec):
+        sums.append(vec[-1])
+        return vec  # a single rank's vector; the flag survives the SUM
+
+    c = Controller(Scripted(slow), clock=clock, deadline_s=0.01, tp_size=2, agree=agree, sync_interval=4)
+    out = [c.on_decode(8) for _ in range(6)]
+    # steps 0..3 follow the policy; the miss at step 2 takes effect at the agreement of step 4
+    assert out[:4] == [False] * 4 and out[4:] == [True, True]
+    assert sums == [1.0]
+
+
+def test_failure_on_other_rank_reaches_this_rank():
+    def agree(vec):
+        vec = list(vec)
+        vec[-1] += 1.0  # the other rank missed its deadline
+        return vec
+
+    c = Controller(build_policy("never", {}), tp_size=2, agree=agree, sync_interval=2)
+    out = [c.on_decode(8) for _ in range(4)]
+    assert out == [False, False, True, True]
+    assert "another rank" in c.failed
+
+
+def test_observers_through_pluggy():
+    import pluggy
+
+    from sglang_dynspec import hookspecs
+
+    pm = pluggy.PluginManager("sglang_dynspec")
+    pm.add_hookspecs(hookspecs)
+    seen = {"decisions": 0, "switches": 0}
+
+    class Obs:
+        @hookspecs.hookimpl
+        def dynspec_decision(self, record):
+            seen["decisions"] += 1
+
+        @hookspecs.hookimpl
+        def dynspec_switch(self, record):
+            seen["switches"] += 1
+
+    pm.register(Obs())
+    c = Controller(build_policy("threshold", {"n": 4}), hook=pm.hook)
+    for bs in [1, 8, 1, 1]:
+        c.on_decode(bs)
+    assert seen == {"decisions": 4, "switches": 2}

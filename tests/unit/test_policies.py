@@ -1,0 +1,140 @@
+"""Built-in policies decide from StepInputs as documented."""
+
+import pytest
+
+from sglang_dynspec.costs import CostTable, CostView
+from sglang_dynspec.errors import ConfigError
+from sglang_dynspec.policies import StepInputs, build_policy
+
+
+def inputs(step=0, bs=1, prev=None, dwell=0, acc=0.0, samples=0, costs=None):
+    return StepInputs(step, bs, bs, 0, acc, samples, prev, dwell, costs)
+
+
+def run(policy, sizes, **kw):
+    """Feed a sequence of batch sizes, threading previous decision and dwell like the controller."""
+    prev, dwell, out = None, 0, []
+    for i, bs in enumerate(sizes):
+        d = policy.decide(inputs(step=i, bs=bs, prev=prev, dwell=dwell, **kw))
+        dwell = dwell + 1 if d == prev else 1
+        prev = d
+        out.append(d)
+    return out
+
+
+def test_always_never():
+    assert build_policy("always", {}).decide(inputs(bs=500)) is True
+    assert build_policy("never", {}).decide(inputs(bs=1)) is False
+
+
+def test_threshold_plain():
+    p = build_policy("threshold", {"n": 5})
+    assert run(p, [1, 5, 6, 10, 5, 3]) == [True, True, False, False, True, True]
+
+
+def test_threshold_hysteresis_band():
+    p = build_policy("threshold", {"n": 5, "band": 2})
+    # off above 5; back on only at <= 3
+    assert run(p, [4, 6, 5, 4, 3, 5]) == [True, False, False, False, True, True]
+
+
+def test_threshold_min_dwell():
+    p = build_policy("threshold", {"n": 5, "min_dwell": 3})
+    assert run(p, [1, 9, 9, 9, 9, 1, 1, 1]) == [True, True, True, False, False, False, True, True]
+
+
+def test_random_is_seeded_and_switches():
+    a = run(build_policy("random", {"seed": 7}), [8] * 400)
+    b = run(build_policy("random", {"seed": 7}), [8] * 400)
+    c = run(build_policy("random", {"seed": 8}), [8] * 400)
+    assert a == b and a != c
+    switches = sum(x != y for x, y in zip(a, a[1:]))
+    assert 120 < switches < 280  # a fair coin switches about half the time
+
+
+def test_random_period():
+    out = run(build_policy("random", {"seed": 1, "period": 4}), [8] * 64)
+    for i in range(0, 64, 4):
+        assert len(set(out[i:i + 4])) == 1
+
+
+def view(on_ms, off_ms, sizes=(1, 2, 4, 8, 16, 32, 64, 128)):
+    t = CostTable()
+    for bs in sizes:
+        for _ in range(5):
+            t.observe(True, bs, on_ms(bs) / 1e3)
+            t.observe(False, bs, off_ms(bs) / 1e3)
+    return CostView.from_table(t)
+
+
+def test_goodput_picks_faster_mode_per_batch_size():
+    # spec: 6 ms + 0.2 ms/row; plain: 3 ms + 0.05 ms/row; accept 2.5 tokens.
+    v = view(lambda b: 6 + 0.2 * b, lambda b: 3 + 0.05 * b)
+    p = build_policy("goodput", {"min_dwell": 0})
+    for bs in (1, 4, 8):
+        assert p.decide(inputs(bs=bs, prev=True, dwell=50, acc=2.5, samples=100, costs=v)) is True
+    for bs in (64, 128):
+        assert p.decide(inputs(bs=bs, prev=True, dwell=50, acc=2.5, samples=100, costs=v)) is False
+
+
+def test_goodput_learns_unknown_costs_first():
+    p = build_policy("goodput", {"min_dwell": 0})
+    assert p.decide(inputs(bs=8)) is True  # nothing known: speculate (learn acceptance, t_on)
+    t = CostTable()
+    for _ in range(5):
+        t.observe(True, 8, 0.006)
+    v = CostView.from_table(t)
+    assert p.decide(inputs(bs=8, prev=True, dwell=20, acc=2.0, samples=50, costs=v)) is False  # now learn t_off
+
+
+def test_goodput_hysteresis_and_reprobe():
+    v = view(lambda b: 10.0, lambda b: 5.0)  # break-even at accept 2.0
+    p = build_policy("goodput", {"min_dwell": 0, "margin": 0.05, "reprobe_every": 100})
+    # inside the band: stay where we are
+    assert p.decide(inputs(bs=4, prev=True, dwell=10, acc=1.95, samples=50, costs=v)) is True
+    assert p.decide(inputs(bs=4, prev=False, dwell=10, acc=2.05, samples=50, costs=v)) is False
+    # clearly better: switch
+    assert p.decide(inputs(bs=4, prev=False, dwell=10, acc=2.3, samples=50, costs=v)) is True
+    # long off: probe speculation again
+    assert p.decide(inputs(bs=4, prev=False, dwell=100, acc=1.0, samples=50, costs=v)) is True
+
+
+def test_goodput_dwell_holds_mode():
+    v = view(lambda b: 10.0, lambda b: 1.0)
+    p = build_policy("goodput", {"min_dwell": 8})
+    assert p.decide(inputs(bs=4, prev=True, dwell=3, acc=1.0, samples=50, costs=v)) is True
+
+
+@pytest.mark.parametrize(
+    "name, args, needle",
+    [
+        ("threshold", {"n": -1}, "policy_args.n"),
+        ("threshold", {"n": 2, "band": 3}, "band (3) must not exceed n (2)"),
+        ("threshold", {"m": 2}, "policy_args.m: Extra inputs are not permitted"),
+        ("random", {"p_on": 2}, "policy_args.p_on"),
+        ("goodput", {"margin": 1.5}, "policy_args.margin"),
+        ("always", {"x": 1}, "policy_args.x"),
+        ("nonesuch", {}, "unknown policy; registered: always, goodput, never, random, threshold"),
+        ("no.such.module:Thing", {}, "cannot import"),
+        ("sglang_dynspec.costs:bucket", {}, "could not be created"),
+        ("sglang_dynspec.costs:CostTable", {}, "has no decide(inputs) method"),
+    ],
+)
+def test_bad_policy_config(name, args, needle):
+    with pytest.raises(ConfigError) as e:
+        build_policy(name, args)
+    assert needle in str(e.value)
+
+
+class Custom:
+    def __init__(self, args):
+        self.flip = args.get("flip", False)
+
+    def decide(self, x):
+        return (x.decode_bs % 2 == 0) ^ self.flip
+
+
+def test_dotted_policy_spec():
+    p = build_policy(f"{__name__}:Custom", {"flip": True})
+    assert p.decide(inputs(bs=2)) is False and p.decide(inputs(bs=3)) is True
+    assert p.name == f"{__name__}:Custom"
