@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-COUNTERS = ("decode_steps", "steps_on", "steps_off", "switches", "policy_errors")
+# off_not_applied: off decisions the plugin could not act on (no fallback for this worker yet).
+COUNTERS = ("decode_steps", "steps_on", "steps_off", "switches", "policy_errors", "off_not_applied")
 
 
 def read_stats(stats_dir: str | Path | None) -> dict | None:

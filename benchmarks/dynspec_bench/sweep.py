@@ -194,6 +194,7 @@ class Sweep:
             level["steps_off"] = d["steps_off"] if d else None
             level["steps_on"] = d["steps_on"] if d else None
             level["policy_errors"] = d["policy_errors"] if d else None
+            level["off_not_applied"] = d["off_not_applied"] if d else None
         if level["failed"]:
             level["errors"] = first_errors(results)
         return level

@@ -2,16 +2,43 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
+
+def _wanted() -> bool:
+    # The same gate as config.is_enabled_cheap, without importing anything (disabled = one env read).
+    flag = os.environ.get("SGLANG_DYNSPEC_ENABLED", "").strip().lower()
+    if flag in ("1", "true", "yes", "on"):
+        return True
+    if flag in ("0", "false", "no", "off"):
+        return False
+    return bool(os.environ.get("SGLANG_DYNSPEC_CONFIG"))
+
 
 def register() -> None:
-    """Cheap when disabled: one environment read; the --dynspec-* flags are always offered."""
-    from .config import is_enabled_cheap
+    """Offer the --dynspec-* flags; install the wrappers only when dynspec is enabled.
 
-    from . import cli_args
+    SGLang swallows exceptions raised by plugins.  When dynspec is enabled, any failure here
+    (a missing dependency included) must stop the server instead of leaving it running
+    without the wrappers, so it is re-raised as ActivationError (a SystemExit).
+    """
+    wanted = _wanted()
+    try:
+        from . import cli_args
 
-    cli_args.register_flags()
-    if not is_enabled_cheap():
+        cli_args.register_flags()
+    except Exception as e:
+        if wanted:
+            raise SystemExit(f"sglang-dynspec: cannot register --dynspec-* flags: {type(e).__name__}: {e}") from e
+        logging.getLogger("sglang_dynspec").warning("sglang-dynspec: --dynspec-* flags unavailable: %s", e)
+    if not wanted:
         return
-    from .activation import activate
+    try:
+        from .activation import activate
 
-    activate()
+        activate()
+    except SystemExit:
+        raise
+    except Exception as e:
+        raise SystemExit(f"sglang-dynspec: activation failed: {type(e).__name__}: {e}") from e

@@ -45,6 +45,9 @@ class WorkerState:
         s = self.controller.snapshot()
         s["worker_path"] = self.path
         s["off_not_applied"] = self.off_not_applied
+        c = self.controller.stats
+        # lifetime mean over speculative steps only (off-steps excluded), for resume checks
+        s["accept_length_on_steps"] = 1.0 + c["accepted_drafts"] / c["spec_rows"] if c["spec_rows"] else None
         v = self.controller.view
         bs = self.controller._bs_prev
         if v is not None and bs:
