@@ -5,6 +5,9 @@ Grammar: ``<kind>[@<variant>[+<variant>...]]`` where kind is ``off`` (no specula
 Variants: ``topk1`` (default: topk 1, 3 draft tokens), ``topk4`` (topk 4, 16 draft tokens),
 ``nooverlap`` (--disable-overlap-schedule), ``v1`` (SGLANG_ENABLE_SPEC_V2=0, 0.5.12 only).
 Examples: ``off``, ``off@nooverlap``, ``on@topk4``, ``dynspec:random@topk4``.
+Per-mode policy arguments go in parentheses, ``;``-separated, values parsed as JSON when they
+parse (else kept as strings): ``dynspec:threshold(n=5;band=1)@topk4``.  They replace the
+run-wide ``--policy-args`` for that mode.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Mode:
     kind: str  # "off" | "on" | "dynspec"
     policy: str | None = None
     variants: list[str] = field(default_factory=list)
+    policy_args: dict | None = None
 
     @property
     def speculative(self) -> bool:
@@ -74,9 +78,21 @@ def parse_mode(name: str) -> Mode:
         return Mode(name, base, None, variants)
     if base.startswith("dynspec:"):
         policy = base[len("dynspec:"):]
+        pargs = None
+        if policy.endswith(")") and "(" in policy:
+            policy, _, arg_text = policy[:-1].partition("(")
+            pargs = {}
+            for item in filter(None, (x.strip() for x in arg_text.split(";"))):
+                key, eq, raw = item.partition("=")
+                if not eq or not key.strip():
+                    raise ValueError(f"mode {name!r}: policy argument {item!r} is not key=value")
+                try:
+                    pargs[key.strip()] = json.loads(raw)
+                except ValueError:
+                    pargs[key.strip()] = raw
         if not _POLICY_RE.match(policy):
             raise ValueError(f"mode {name!r}: policy name {policy!r} is not a valid identifier")
-        return Mode(name, "dynspec", policy, variants)
+        return Mode(name, "dynspec", policy, variants, pargs)
     raise ValueError(f"mode {name!r}: kind must be 'off', 'on' or 'dynspec:<policy>'")
 
 
@@ -147,8 +163,9 @@ def build_server_spec(mode: Mode, cfg: ServerConfig, port: int) -> ServerSpec:
     if mode.kind == "dynspec":
         env["SGLANG_DYNSPEC_ENABLED"] = "1"
         env["SGLANG_DYNSPEC_POLICY"] = mode.policy or ""
-        if cfg.policy_args:
-            env["SGLANG_DYNSPEC_POLICY_ARGS"] = json.dumps(cfg.policy_args, sort_keys=True)
+        pargs = mode.policy_args if mode.policy_args is not None else cfg.policy_args
+        if pargs:
+            env["SGLANG_DYNSPEC_POLICY_ARGS"] = json.dumps(pargs, sort_keys=True)
         if cfg.stats_root:
             env["SGLANG_DYNSPEC_STATS_DIR"] = stats_dir_for(cfg.stats_root, mode.name)
     args += list(cfg.extra_flags)
