@@ -108,6 +108,65 @@ def _policies(args) -> int:
     return 0
 
 
+def _replay(args) -> int:
+    from .errors import ConfigError
+    from .replay import Phase, check_against, compare, load_profile, phase_trace, profile_from_sweep
+
+    try:
+        policy_args = json.loads(args.policy_args) if args.policy_args else None
+        if policy_args is not None and not isinstance(policy_args, dict):
+            raise ConfigError("--policy-args: must be a JSON object")
+    except json.JSONDecodeError as e:
+        print(f"--policy-args: not valid JSON: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.check:
+            result = json.loads(open(args.check).read())
+            prof = profile_from_sweep(result)
+            mapping = {"off": "plain", "on": "spec", "dynspec:never": "never"}
+            mapping.update({m: m.split(":", 1)[1].split("@")[0] for m in result["modes"]
+                            if m.startswith("dynspec:") and "@" not in m and "(" not in m})
+            rows = check_against(result, prof, mapping, output_len=args.output_len)
+            print(f"projection vs measured: {args.check}")
+            print(f"{'mode':<18} {'C':>5} {'measured':>10} {'projected':>10} {'error':>8}")
+            for r in rows:
+                print(f"{r['mode']:<18} {r['C']:>5} {r['measured']:>10.1f} {r['projected']:>10.1f} {r['error']:>+8.1%}")
+            errs = [abs(r["error"]) for r in rows if r["error"] is not None]
+            print(f"mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%} over {len(errs)} points")
+            return 0
+        prof = load_profile(args.profile)
+        if args.offstep_factor is not None:
+            if args.offstep_factor < 1.0:
+                raise ConfigError(f"--offstep-factor: must be >= 1.0, got {args.offstep_factor}")
+            prof.points["offstep"] = [(b, t * args.offstep_factor) for b, t in prof.points["plain"]]
+        policies = args.policy or ["goodput", "threshold"]
+        print(f"profile: {prof.name} (accept length {prof.accept_length:g})"
+              + (f", off-step = {args.offstep_factor:g} x plain decode" if args.offstep_factor else ""))
+        if prof.source:
+            print(f"  source: {prof.source}")
+        print(f"\nclosed loop, {args.seconds:g} s per level; output tok/s (ratio to the better static mode)")
+        names = ["off", "on"] + [f"dynspec:{p}" for p in policies]
+        print(f"{'C':>5} " + " ".join(f"{n:>22}" for n in names))
+        for c in args.concurrency:
+            runs = compare(prof, policies, [Phase(c, args.seconds)], policy_args, args.output_len)
+            best = max(runs[0].tok_per_s, runs[1].tok_per_s)
+            cells = [f"{r.tok_per_s:10.0f} ({r.tok_per_s / best:4.2f}x) sw={r.switches:<3}" for r in runs]
+            print(f"{c:>5} " + " ".join(f"{x:>22}" for x in cells))
+        phases = phase_trace(args.low, args.high, args.phase_seconds, args.cycles)
+        runs = compare(prof, policies, phases, policy_args, args.output_len)
+        print(f"\nphase trace: C alternating {args.low} / {args.high}, {args.phase_seconds:g} s each, "
+              f"{args.cycles} cycles")
+        best = max(runs[0].tok_per_s, runs[1].tok_per_s)
+        for name, r in zip(names, runs):
+            share = r.steps_on / max(r.steps_on + r.steps_off, 1)
+            print(f"  {name:<22} {r.tok_per_s:9.0f} tok/s ({r.tok_per_s / best:4.2f}x best static)  "
+                  f"speculating {share:5.1%} of steps, {r.switches} switches")
+        return 0
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="sglang-dynspec", description=__doc__)
     p.add_argument("--version", action="version", version=__version__)
@@ -117,6 +176,24 @@ def main(argv=None) -> int:
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=_config)
     sub.add_parser("policies", help="registered policies, third-party ones included").set_defaults(fn=_policies)
+    r = sub.add_parser("replay", help="project policies on recorded step costs (CPU only)")
+    r.add_argument("--profile", default="h200-trained-pair",
+                   help="built-in profile (h200-trained-pair, h200-dummy-0512) or a profile JSON path")
+    r.add_argument("--policy", action="append", help="policy to compare (repeatable; default goodput, threshold)")
+    r.add_argument("--policy-args", help="JSON object for a single --policy")
+    r.add_argument("-C", "--concurrency", type=lambda t: [int(x) for x in t.split(",")],
+                   default=[1, 2, 4, 8, 16, 32, 64])
+    r.add_argument("--seconds", type=float, default=10.0, help="simulated seconds per closed-loop level")
+    r.add_argument("--low", type=int, default=2)
+    r.add_argument("--high", type=int, default=64)
+    r.add_argument("--phase-seconds", type=float, default=5.0)
+    r.add_argument("--cycles", type=int, default=3)
+    r.add_argument("--output-len", type=int, default=128)
+    r.add_argument("--offstep-factor", type=float,
+                   help="what-if: off-step time = this x plain decode (instead of the profile's measured off-step)")
+    r.add_argument("--check", metavar="SWEEP_JSON",
+                   help="instead: project a measured harness sweep from its own costs and report the error")
+    r.set_defaults(fn=_replay)
     args = p.parse_args(argv)
     return args.fn(args)
 
