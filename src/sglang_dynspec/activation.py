@@ -42,6 +42,7 @@ def planned_hooks(version=None) -> list[Hook]:
         Hook(compat.INIT_MODEL_WORKER, "after", runtime.after_init_model_worker, "find the EAGLE worker"),
         Hook(compat.result_decode_target(version), "after", runtime.after_process_decode, "acceptance stats"),
         Hook(compat.V2_FORWARD, "around", runtime.around_v2_forward, "decide per decode batch (spec_v2)"),
+        Hook(compat.HANDLE_GENERATE, "after", runtime.after_handle_generate, "per-request opt-out"),
     ]
     if compat.has_v1_worker(version):
         hooks.append(Hook(compat.V1_FORWARD, "around", runtime.around_v1_forward, "decide per decode batch (v1)"))

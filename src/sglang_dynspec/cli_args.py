@@ -56,13 +56,21 @@ def _after_add_cli_args(result, parser, *args, **kwargs):
 
 def _around_from_cli_args(original, cls, args, *rest, **kwargs):
     given = export_flags(args)
+    settings = None
     if given or os.environ.get(ENV_PREFIX + "ENABLED") or os.environ.get(ENV_PREFIX + "CONFIG"):
         try:
-            load_settings()
+            settings = load_settings().settings
         except ConfigError as e:
             # raised in the launcher, before anything is served
             raise ActivationError(str(e).replace(" (env ", " (flag/env ")) from None
-    return original(cls, args, *rest, **kwargs)
+    server_args = original(cls, args, *rest, **kwargs)
+    if settings is not None and settings.enabled:
+        from .compat import server_args_problems
+
+        problems = server_args_problems(server_args)
+        if problems:
+            raise ActivationError("incompatible server flags:\n  " + "\n  ".join(problems))
+    return server_args
 
 
 def register_flags() -> None:

@@ -26,6 +26,11 @@ FIRST_SPLIT_GRAPH_RUNNERS = Version("0.5.14")
 V1_FORWARD = "sglang.srt.speculative.eagle_worker.EAGLEWorker.forward_batch_generation"
 V2_FORWARD = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
 INIT_MODEL_WORKER = "sglang.srt.managers.scheduler.Scheduler.init_model_worker"
+HANDLE_GENERATE = "sglang.srt.managers.scheduler.Scheduler.handle_generate_request"
+
+# Per-request opt-out: sampling_params.custom_params carries it (present in 0.5.9 - 0.5.23).
+OPTOUT_KEY = "dynspec"
+OPTOUT_VALUES = ("off", False)
 RESULT_DECODE_MIXIN = (
     "sglang.srt.managers.scheduler_output_processor_mixin."
     "SchedulerOutputProcessorMixin.process_batch_result_decode"
@@ -134,3 +139,25 @@ def worker_path(worker) -> str:
         if klass.__name__ == "EAGLEWorker":
             return "v1"
     return "spec_v2" if "v2" in mod else "v1"
+
+
+SUPPORTED_ALGORITHMS = ("EAGLE", "EAGLE3")  # NEXTN is turned into EAGLE by SGLang itself
+
+
+def server_args_problems(sa) -> list[str]:
+    """Server flags dynspec cannot work with, each naming the flag (checked before serving)."""
+    problems = []
+    algo = getattr(sa, "speculative_algorithm", None)
+    algo = getattr(algo, "name", algo)  # an enum on some releases
+    if not algo:
+        problems.append("speculative_algorithm (--speculative-algorithm): not set; sglang-dynspec "
+                        "controls EAGLE/EAGLE3 speculation and would have nothing to do")
+    elif str(algo).upper() not in SUPPORTED_ALGORITHMS:
+        problems.append(f"speculative_algorithm (--speculative-algorithm): {algo} is not supported; "
+                        f"sglang-dynspec supports {', '.join(SUPPORTED_ALGORITHMS)}")
+    if getattr(sa, "enable_dp_attention", False):
+        problems.append("enable_dp_attention (--enable-dp-attention): not supported (every DP rank "
+                        "would have to take the same decision)")
+    if int(getattr(sa, "pp_size", 1) or 1) > 1:
+        problems.append("pp_size (--pipeline-parallel-size): pipeline parallelism is not supported")
+    return problems

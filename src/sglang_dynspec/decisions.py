@@ -84,11 +84,15 @@ class Controller:
             "accepted_drafts": 0,
             "spec_rows": 0,
             "agreements": 0,
+            "steps_forced_off": 0,
         }
 
     # --- per step -------------------------------------------------------------------
-    def on_decode(self, decode_bs: int, running: int = 0, waiting: int = 0) -> bool:
-        """Decide one decode step; returns True to speculate."""
+    def on_decode(self, decode_bs: int, running: int = 0, waiting: int = 0, force_off: bool = False) -> bool:
+        """Decide one decode step; returns True to speculate.
+
+        ``force_off``: a request in the batch opted out of speculation; the policy is not asked.
+        """
         now = self.clock()
         if self._t_prev is not None:
             dt = now - self._t_prev
@@ -99,7 +103,11 @@ class Controller:
         if self.step % self.sync_interval == 0 and self.step > 0:
             self._refresh_view()
 
-        decision = self._ask(decode_bs, running, waiting)
+        if force_off:
+            decision = False
+            self.stats["steps_forced_off"] += 1
+        else:
+            decision = self._ask(decode_bs, running, waiting)
 
         switched = self.prev is not None and decision != self.prev
         if switched:

@@ -27,7 +27,7 @@ class StatsWriter:
         self.path = self.dir / f"stats-{os.getpid()}.json"
         self.extra = extra
         self.interval = interval
-        self._last = 0.0
+        self._last = float("-inf")  # the first call always writes
 
     def maybe_write(self, snapshot_fn, force: bool = False) -> None:
         now = time.monotonic()

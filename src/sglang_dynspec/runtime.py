@@ -40,11 +40,15 @@ class WorkerState:
         self.draft_tokens_per_step: int | None = None
         self.accepted_field: str | None = None
         self.off_not_applied = 0
+        self.optout_rids: set = set()  # requests that asked for no speculation, still possibly running
+        self.optout_seen_running: set = set()
+        self.optout_not_honoured = 0  # opted-out batches the adapter could not run without speculation
 
     def snapshot(self) -> dict:
         s = self.controller.snapshot()
         s["worker_path"] = self.path
         s["off_not_applied"] = self.off_not_applied
+        s["optout_not_honoured"] = self.optout_not_honoured
         c = self.controller.stats
         # lifetime mean over speculative steps only (off-steps excluded), for resume checks
         s["accept_length_on_steps"] = 1.0 + c["accepted_drafts"] / c["spec_rows"] if c["spec_rows"] else None
@@ -90,11 +94,18 @@ def attach(scheduler: Any) -> WorkerState | None:
     settings = SETTINGS
     if settings is None or not settings.enabled:
         return None
+    from .compat import server_args_problems
+    from .errors import ActivationError
+
+    problems = server_args_problems(getattr(scheduler, "server_args", None))
+    if problems:
+        # Also caught here for the Engine API and releases without --dynspec-* flags.
+        raise ActivationError("incompatible server flags:\n  " + "\n  ".join(problems))
     worker = getattr(scheduler, "draft_worker", None)
     algo = getattr(worker, "speculative_algorithm", None) or getattr(scheduler, "spec_algorithm", None)
     if worker is None or algo is None or not algo.is_eagle():
-        logger.info("sglang-dynspec: no EAGLE worker in this scheduler; nothing to control")
-        return None
+        raise ActivationError(f"no EAGLE worker in this scheduler (draft worker: {type(worker).__name__}); "
+                              "nothing to control")
     from .plugins import pm
     from .policies import build_policy
 
@@ -168,14 +179,19 @@ def _forward(original, worker, batch, *args, **kwargs):
         return original(worker, batch, *args, **kwargs)
     ctl = st.controller
     bs = st.decode_batch_size(worker, batch)
-    if bs is None:
-        ctl.on_other()
-        return original(worker, batch, *args, **kwargs)
     sched = st.scheduler
     rb = getattr(sched, "running_batch", None)
+    if bs is None:
+        ctl.on_other()
+        fm = getattr(batch, "forward_mode", None)
+        if st.optout_rids and fm is not None and fm.is_decode() and _has_optout(st, batch, rb):
+            # a decode batch the adapter declines (e.g. logprobs on spec_v2) speculates anyway
+            st.optout_not_honoured += 1
+        return original(worker, batch, *args, **kwargs)
     running = len(rb.reqs) if rb is not None and rb.reqs is not None else 0
     waiting = len(getattr(sched, "waiting_queue", ()) or ())
-    speculate = ctl.on_decode(bs, running, waiting)
+    force_off = bool(st.optout_rids) and _has_optout(st, batch, rb)
+    speculate = ctl.on_decode(bs, running, waiting, force_off=force_off)
     if st.stats_writer is not None or st.prometheus is not None:
         _report(st)
     if speculate:
@@ -201,6 +217,38 @@ def around_v2_forward(original, worker, batch, *args, **kwargs):
     return _forward(original, worker, batch, *args, **kwargs)
 
 
+def _has_optout(st: WorkerState, batch, running_batch) -> bool:
+    """Whether a request of this batch opted out (only called while some opt-out may run)."""
+    # spec_v2 <= 0.5.12 receives a ModelWorkerBatch without reqs: its rows are the running batch's.
+    reqs = getattr(batch, "reqs", None) or getattr(running_batch, "reqs", None) or ()
+    rids = st.optout_rids
+    found = False
+    for r in reqs:
+        if r.rid in rids:
+            found = True
+            st.optout_seen_running.add(r.rid)
+    if st.optout_seen_running and st.controller.step % 512 == 0:
+        # Forget opt-outs that ran and are now neither running nor waiting (finished).
+        waiting = getattr(st.scheduler, "waiting_queue", ()) or ()
+        current = {r.rid for r in reqs} | {r.rid for r in waiting}
+        gone = st.optout_seen_running - current
+        rids -= gone
+        st.optout_seen_running -= gone
+    return found
+
+
+def after_handle_generate(ret, scheduler, recv_req, *args, **kwargs):
+    st = STATE
+    if st is None:
+        return None
+    sp = getattr(recv_req, "sampling_params", None)
+    custom = getattr(sp, "custom_params", None) if sp is not None and not isinstance(sp, dict) else \
+        (sp or {}).get("custom_params")
+    if isinstance(custom, dict) and custom.get(compat.OPTOUT_KEY) in compat.OPTOUT_VALUES:
+        st.optout_rids.add(recv_req.rid)
+    return None
+
+
 def after_process_decode(ret, processor, batch, result, *args, **kwargs):
     st = STATE
     if st is None or getattr(result, "_dynspec_off", False) or st.accepted_field is None:
@@ -212,7 +260,7 @@ def after_process_decode(ret, processor, batch, result, *args, **kwargs):
     return None
 
 
-_last_report = [0.0]
+_last_report = [float("-inf")]
 
 
 def _report(st: WorkerState) -> None:

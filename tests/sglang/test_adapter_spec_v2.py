@@ -106,9 +106,29 @@ def test_draft_context_factories_exist(up):
         st.enter_context(up.mod.speculative_moe_a2a_backend_context())
 
 
-def test_signature_graph_capture_pieces(m):
-    if m.v2_input_kind() != "model_worker_batch":
-        pytest.skip("off-step graph capture is only implemented for the ModelWorkerBatch releases")
+def _expect_offstep_graphs(sglang_version):
+    """Releases whose answer was read in their source; None where only the feature check decides."""
+    from packaging.version import Version
+
+    v = Version(sglang_version.base_version)
+    if v < Version("0.5.10"):
+        return False  # CudaGraphRunner(model_runner) only: no separate attention backend
+    if Version("0.5.12") <= v < Version("0.5.13"):
+        return True
+    if v >= Version("0.5.13"):
+        return False  # ScheduleBatch releases: not implemented, eager
+    return None
+
+
+def test_offstep_graph_support_per_release(m, sglang_version):
+    reason = m.offstep_graphs_unsupported()
+    expected = _expect_offstep_graphs(sglang_version)
+    if expected is not None:
+        assert (reason is None) is expected, reason
+    if reason is not None:
+        assert m.describe()["offstep_graphs"] == reason
+        return
+    # Supported: every piece _capture_offstep_graphs calls takes the arguments it passes.
     from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
     from sglang.srt.model_executor.model_runner import ModelRunner
 
@@ -118,6 +138,22 @@ def test_signature_graph_capture_pieces(m):
     # The capture relies on these two switches (see _capture_offstep_graphs).
     assert "spec_algorithm.is_speculative()" in src
     assert "enable_return_hidden_states" in src
+
+
+def test_prepare_captures_graphs_only_where_supported(m, up, monkeypatch):
+    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "1")
+    captured = []
+    monkeypatch.setattr(m, "_capture_offstep_graphs", lambda w: captured.append(w) or {"runner": "stub"})
+    w = _worker(up)
+    w.server_args.disable_cuda_graph = False
+    w._target_worker.model_runner.is_draft_worker = False
+    m.prepare(w)
+    graphs = w.__dict__[m._STATE_ATTR]["graphs"]
+    if m.offstep_graphs_unsupported() is None:
+        assert captured == [w] and graphs == {"runner": "stub"}
+    else:
+        # Eager: the capture must not even be attempted (it would touch the live backend).
+        assert captured == [] and graphs is None
 
 
 # ------------------------------------------------------------------------------------------
@@ -138,12 +174,24 @@ def test_draft_input_fields(m, up):
     assert {"topk_p", "topk_index", "hidden_states"} <= names
 
 
-def test_generation_batch_result_fields(m, up):
+def _result_carries_stride(sglang_version):
+    from packaging.version import Version
+
+    return Version(sglang_version.base_version) >= Version("0.5.12")
+
+
+def test_generation_batch_result_fields(m, up, sglang_version):
     names = m.dataclass_field_names(up.GBR)
     # The scheduler's spec-v2 decode path reads these on every release we support.
     for f in ("logits_output", "next_token_ids", "can_run_cuda_graph", "next_draft_input", "accept_lens"):
         assert f in names, f
-    assert "speculative_num_draft_tokens" in names  # 0.5.12+: per-result output stride
+    has_stride = "speculative_num_draft_tokens" in names
+    assert has_stride is _result_carries_stride(sglang_version)
+    if not has_stride:
+        # Before 0.5.12 the scheduler takes the row stride from the worker, not the result.
+        from sglang.srt.managers import scheduler_output_processor_mixin as mixin
+
+        assert "self.draft_worker.speculative_num_draft_tokens" in inspect.getsource(mixin)
     kw = m.only_fields(
         up.GBR,
         logits_output=None,
@@ -157,8 +205,12 @@ def test_generation_batch_result_fields(m, up):
         not_a_field=1,
     )
     assert "not_a_field" not in kw
+    assert ("speculative_num_draft_tokens" in kw) is has_stride
     res = up.GBR(**kw)
-    assert res.speculative_num_draft_tokens == 4
+    if has_stride:
+        assert res.speculative_num_draft_tokens == 4
+    else:
+        assert not hasattr(res, "speculative_num_draft_tokens")
 
 
 def _required_fields(cls):
@@ -173,18 +225,44 @@ def m_fields(cls):
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def test_target_overrides_are_batch_fields(m):
-    from sglang.srt.managers.schedule_batch import ScheduleBatch
+def _expect_capture_channel(m, sglang_version):
+    from packaging.version import Version
 
-    keys = {"forward_mode", "input_ids", "out_cache_loc", "seq_lens", "spec_info", "capture_hidden_mode",
-            "seq_lens_cpu", "seq_lens_sum"}
+    v = Version(sglang_version.base_version)
     if m.v2_input_kind() == "model_worker_batch":
-        from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+        return "batch_field"  # ModelWorkerBatch.capture_hidden_mode
+    if v <= Version("0.5.15"):
+        return "batch_field"  # ScheduleBatch.capture_hidden_mode, consumed by ForwardBatch.init_new
+    if v >= Version("0.5.23"):
+        return "kwarg"  # TpModelWorker.forward_batch_generation(..., capture_hidden_mode=)
+    return None
 
-        assert keys <= m_fields(ModelWorkerBatch)
+
+def test_target_overrides_are_batch_fields(m):
+    from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
+
+    keys = {"forward_mode", "input_ids", "out_cache_loc", "seq_lens", "spec_info", "seq_lens_cpu", "seq_lens_sum"}
+    cls = ModelWorkerBatch if m.v2_input_kind() == "model_worker_batch" else ScheduleBatch
+    assert keys <= m_fields(cls)
+
+
+def test_target_capture_channel(m, sglang_version):
+    from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    channel = m.target_capture_channel()
+    expected = _expect_capture_channel(m, sglang_version)
+    if expected is not None:
+        assert channel == expected
+    cls = ModelWorkerBatch if m.v2_input_kind() == "model_worker_batch" else ScheduleBatch
+    if channel == "kwarg":
+        _bind(TpModelWorker.forward_batch_generation, object(), object(), capture_hidden_mode=object())
+        assert "capture_hidden_mode" in inspect.signature(inspect.unwrap(ForwardBatch.init_new)).parameters
     else:
-        assert keys - {"capture_hidden_mode"} <= m_fields(ScheduleBatch)
-        assert hasattr(ScheduleBatch, "capture_hidden_mode") or "capture_hidden_mode" in m_fields(ScheduleBatch)
+        assert channel == "batch_field"
+        assert "capture_hidden_mode" in m_fields(cls)
+        assert "batch.capture_hidden_mode" in inspect.getsource(ForwardBatch.init_new)
 
 
 # ------------------------------------------------------------------------------------------
@@ -194,8 +272,12 @@ def test_target_overrides_are_batch_fields(m):
 def test_graph_guard_targets_resolve(m):
     import pkgutil
 
+    from sglang_dynspec import compat
+
     targets = m.graph_guard_targets()
-    assert len(targets) == 1
+    # Feature-detected here, version-derived in compat: they must name the same runner
+    # (activation dedups the guard of both adapters by target).
+    assert targets == [compat.graph_guard_target()]
     owner, attr = targets[0].rsplit(".", 1)
     assert callable(getattr(pkgutil.resolve_name(owner), attr))
     assert m.extra_hooks() == [(targets[0], "around", m.graph_guard)]
@@ -318,6 +400,9 @@ def test_decode_batch_size_worker_level_declines(m, up):
 # forward_off with the two model calls replaced by recorders
 
 
+_ABSENT = object()
+
+
 class _TargetRecorder:
     def __init__(self, up, hidden=6, new_tokens=(7, 8)):
         self.up, self.hidden, self.new_tokens, self.batches = up, hidden, new_tokens, []
@@ -325,11 +410,16 @@ class _TargetRecorder:
 
     def forward_batch_generation(self, batch, *a, **k):
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.managers.tp_worker import TpModelWorker
 
+        # The adapter's call must be one the installed TpModelWorker accepts.
+        _bind(TpModelWorker.forward_batch_generation, self, batch, *a, **k)
         # Snapshot: the ScheduleBatch path restores the fields after the call.
-        self.batches.append({f: getattr(batch, f) for f in (
-            "forward_mode", "input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "seq_lens_sum",
-            "spec_info", "capture_hidden_mode")})
+        snap = {f: getattr(batch, f) for f in (
+            "forward_mode", "input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "spec_info")}
+        snap["batch_capture"] = getattr(batch, "capture_hidden_mode", _ABSENT)
+        snap["kwarg_capture"] = k.get("capture_hidden_mode", _ABSENT)
+        self.batches.append(snap)
         bs = batch.seq_lens.shape[0]
         lo = LogitsProcessorOutput(next_token_logits=torch.zeros(bs, 11),
                                    hidden_states=torch.arange(bs * self.hidden, dtype=torch.float32).view(bs, -1))
@@ -375,13 +465,15 @@ def _off_setup(m, up, ndt=4):
         seq_lens_sum=30,
         out_cache_loc=None,
         spec_info=spec_info,
-        capture_hidden_mode=up.CaptureHiddenMode.NULL,
         orig_seq_lens=None,
         return_logprob=False,
     )
-    if m.v2_input_kind() == "model_worker_batch":
-        from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+    from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
 
+    cls = ModelWorkerBatch if m.v2_input_kind() == "model_worker_batch" else ScheduleBatch
+    if "capture_hidden_mode" in m_fields(cls):  # only where the real batch has the field
+        fields["capture_hidden_mode"] = None
+    if cls is ModelWorkerBatch:
         kw = {name: None for name in _required_fields(ModelWorkerBatch)}
         kw.update(fields)
         batch = ModelWorkerBatch(**kw)
@@ -390,7 +482,17 @@ def _off_setup(m, up, ndt=4):
     return w, target, draft, batch
 
 
-def test_forward_off_builds_target_decode_and_result(m, up):
+def _target_capture(m, tb):
+    """The capture mode the target saw, through the channel this release reads; the other
+    channel must stay unused (a stray ScheduleBatch attribute would be silently ignored)."""
+    if m.target_capture_channel() == "kwarg":
+        assert tb["batch_capture"] in (_ABSENT, None)
+        return tb["kwarg_capture"]
+    assert tb["kwarg_capture"] is _ABSENT
+    return tb["batch_capture"]
+
+
+def test_forward_off_builds_target_decode_and_result(m, up, sglang_version):
     ndt = 4
     w, target, draft, batch = _off_setup(m, up, ndt=ndt)
     published = []
@@ -401,7 +503,7 @@ def test_forward_off_builds_target_decode_and_result(m, up):
     (tb,) = target.batches
     assert tb["forward_mode"] == up.ForwardMode.DECODE
     assert tb["spec_info"] is None
-    assert tb["capture_hidden_mode"] == up.CaptureHiddenMode.FULL
+    assert _target_capture(m, tb) == up.CaptureHiddenMode.FULL
     assert tb["input_ids"].tolist() == [3, 4] and tb["input_ids"].dtype == torch.int64
     assert tb["out_cache_loc"].tolist() == [110, 320]  # req_to_token[rpi, seq_lens]
     assert tb["seq_lens"].tolist() == [11, 21]
@@ -413,7 +515,11 @@ def test_forward_off_builds_target_decode_and_result(m, up):
 
     # Result: a verify whose drafts were all rejected.
     assert isinstance(res, up.GBR)
-    assert res.speculative_num_draft_tokens == ndt
+    if _result_carries_stride(sglang_version):
+        assert res.speculative_num_draft_tokens == ndt
+    else:
+        # The scheduler reads the stride from the worker; the padding below must match it.
+        assert not hasattr(res, "speculative_num_draft_tokens") and w.speculative_num_draft_tokens == ndt
     assert res.next_token_ids.tolist() == [7] * ndt + [8] * ndt
     assert res.next_token_ids.dtype == torch.int32
     assert res.accept_lens.tolist() == [1, 1] and res.accept_lens.dtype == torch.int32
@@ -442,7 +548,7 @@ def test_forward_off_standalone_captures_nothing(m, up):
     w.speculative_algorithm = up.Algo.from_string("STANDALONE")
     kwargs = {"on_publish": None} if m.v2_input_kind() == "schedule_batch" else {}
     m.forward_off(w, batch, **kwargs)
-    assert target.batches[0]["capture_hidden_mode"] == up.CaptureHiddenMode.NULL
+    assert _target_capture(m, target.batches[0]) == up.CaptureHiddenMode.NULL
 
 
 def test_prepare_without_graphs_is_noop(m, up, monkeypatch):

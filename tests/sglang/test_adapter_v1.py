@@ -201,15 +201,29 @@ def test_guard_refuses_decode_on_a_verify_runner(v1):
     assert len(called) == 4
 
 
-def test_extra_hooks_target_resolves_to_can_run(v1):
+def _expected_graph_runner(sglang_version):
+    """(module, class, can-run method) of the target decode graph runner, by release."""
+    from packaging.version import Version
+
+    if Version(sglang_version.base_version) >= Version("0.5.14"):
+        return "sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner", "can_run_graph"
+    return "sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner", "can_run"
+
+
+def test_extra_hooks_target_resolves_to_can_run(v1, sglang_version):
+    import importlib
     import pkgutil
 
-    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-
+    mod, cls_name, method = _expected_graph_runner(sglang_version)
+    cls = getattr(importlib.import_module(mod), cls_name)
     [(target, kind, fn)] = v1.extra_hooks()
     owner, attr = target.rsplit(".", 1)
-    assert pkgutil.resolve_name(owner) is CudaGraphRunner and attr == "can_run"
+    assert pkgutil.resolve_name(owner) is cls and attr == method
+    assert callable(getattr(cls, method))
     assert kind == "around" and fn is v1.can_run_guard
+    # The guard reads capture_forward_mode; the runner must set it to TARGET_VERIFY under spec.
+    assert "self.capture_forward_mode = ForwardMode.TARGET_VERIFY" in inspect.getsource(cls.__init__)
+    assert v1.describe()["graph_guard"] == target
 
 
 # --- decode_batch_size -----------------------------------------------------------

@@ -24,3 +24,14 @@ def test_config_error_exit_code(capsys, monkeypatch):
     monkeypatch.setenv("SGLANG_DYNSPEC_SAFE_MODE", "maybe")
     assert main(["config"]) == 2
     assert "safe_mode (env SGLANG_DYNSPEC_SAFE_MODE)" in capsys.readouterr().err
+
+
+def test_readme_support_matrix_is_current():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, str(root / "benchmarks" / "support_matrix.py"), "--check"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr

@@ -10,22 +10,25 @@ one token is committed per request, and the over-allocated slots stay owned by t
 
 Two input shapes exist (see ``v2_input_kind``):
 
-* ``"model_worker_batch"`` (0.5.11-0.5.12): ``forward_batch_generation(model_worker_batch)``,
-  overlap scheduler only, runs on the forward stream; the next draft input carries
-  ``new_seq_lens`` + ``verify_done``.
+* ``"model_worker_batch"`` (0.5.9-0.5.12; on 0.5.9/0.5.10 only with ``SGLANG_ENABLE_SPEC_V2=1``):
+  ``forward_batch_generation(model_worker_batch)``, overlap scheduler only, runs on the forward
+  stream; the next draft input carries ``new_seq_lens`` + ``verify_done``.
 * ``"schedule_batch"`` (>= 0.5.13): ``forward_batch_generation(batch, on_publish=None, ...)``
   inside ``Scheduler._forward_isolation``; ``new_seq_lens`` travels on the result and
   ``on_publish(new_seq_lens)`` must be called before the draft-extend.
 
 Graphs: a TARGET_VERIFY graph runner must never replay a DECODE batch (``extra_hooks``).  On the
 model-worker-batch family, ``prepare`` can capture a separate set of DECODE graphs for the target
-on a fresh attention backend and swap them in for the off-step (see ``_capture_offstep_graphs``).
+on a fresh attention backend and swap them in for the off-step (see ``_capture_offstep_graphs``),
+where the release's graph runner accepts its own backend (``offstep_graphs_unsupported``);
+elsewhere the off-step target decode runs eager.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -99,6 +102,30 @@ def graph_guard_targets() -> list[str]:
             out.append(f"{mod}.{attr}")
             break  # the newer runner replaces the older one; hook only the live one
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def target_capture_channel() -> str:
+    """How the target forward is told which hidden states to capture.
+
+    ``"batch_field"``: a ``capture_hidden_mode`` field on the batch it receives (ModelWorkerBatch
+    <= 0.5.12; ScheduleBatch 0.5.13-0.5.15, read and cleared by ``ForwardBatch.init_new``).
+    ``"kwarg"``: ``TpModelWorker.forward_batch_generation(..., capture_hidden_mode=)`` (0.5.23;
+    ScheduleBatch has no such field, and an attribute set on it is silently ignored).
+    ``""``: neither, so the draft-extend could not get the target hidden states.
+    """
+    from sglang.srt.managers.tp_worker import TpModelWorker
+
+    if v2_input_kind() == "model_worker_batch":
+        from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+
+        return "batch_field" if "capture_hidden_mode" in dataclass_field_names(ModelWorkerBatch) else ""
+    params = inspect.signature(inspect.unwrap(TpModelWorker.forward_batch_generation)).parameters
+    if "capture_hidden_mode" in params:
+        return "kwarg"
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    return "batch_field" if "capture_hidden_mode" in dataclass_field_names(ScheduleBatch) else ""
 
 
 def target_graph_runner_attr(model_runner) -> str:
@@ -198,6 +225,8 @@ def _compute_unsupported_reason(worker) -> str | None:
     kv = worker.token_to_kv_pool_allocator.get_kvcache()
     if getattr(kv, "clear_unaccepted_c128_draft_states", None) is not None:
         return "compressed-KV target (draft-state cleanup not replicated)"
+    if not target_capture_channel():
+        return "no way to request target hidden-state capture on this release"
     return None
 
 
@@ -305,8 +334,14 @@ def _target_decode(worker, batch, kind: str, bonus, window, ndt: int):
         "out_cache_loc": window.view(bs, ndt)[:, 0].contiguous(),
         "seq_lens": new_seq_lens,
         "spec_info": None,
-        "capture_hidden_mode": _capture_mode_for_target(worker),
     }
+    # With spec_info=None nothing else asks for hidden states, so the mode must reach the
+    # target through whichever channel this release reads (else the draft-extend gets None).
+    call_kwargs = {}
+    if target_capture_channel() == "kwarg":
+        call_kwargs["capture_hidden_mode"] = _capture_mode_for_target(worker)
+    else:
+        overrides["capture_hidden_mode"] = _capture_mode_for_target(worker)
     if getattr(batch, "seq_lens_cpu", None) is not None:
         overrides["seq_lens_cpu"] = batch.seq_lens_cpu + 1
     if getattr(batch, "seq_lens_sum", None) is not None:
@@ -317,7 +352,7 @@ def _target_decode(worker, batch, kind: str, bonus, window, ndt: int):
         # A copy: the scheduler's ModelWorkerBatch tensors alias the ScheduleBatch's.
         tb = dataclasses.replace(batch, **overrides)
         with _offstep_graphs_active(worker):
-            out = tw.forward_batch_generation(tb)
+            out = tw.forward_batch_generation(tb, **call_kwargs)
         return out, new_seq_lens, tb
     # ScheduleBatch: set, run, restore (the draft-extend below needs the old values; the
     # scheduler's _forward_isolation would restore them after return anyway).
@@ -326,7 +361,7 @@ def _target_decode(worker, batch, kind: str, bonus, window, ndt: int):
         for k, v in overrides.items():
             setattr(batch, k, v)
         with _offstep_graphs_active(worker):
-            out = tw.forward_batch_generation(batch)
+            out = tw.forward_batch_generation(batch, **call_kwargs)
     finally:
         for k, v in saved.items():
             setattr(batch, k, v)
@@ -404,6 +439,8 @@ def forward_off(worker, batch, *args, **kwargs):
             logits_output=logits_output,
             next_token_ids=predict,
             can_run_cuda_graph=bool(out.can_run_cuda_graph),
+            # 0.5.12+ only; older schedulers take the row stride from
+            # worker.speculative_num_draft_tokens, which is this same ndt.
             speculative_num_draft_tokens=ndt,
             next_draft_input=next_draft_input,
             accept_lens=accept_lens,
@@ -448,7 +485,8 @@ def extra_hooks() -> list[tuple[str, str, Callable]]:
 
 
 # --------------------------------------------------------------------------------------------
-# Off-step DECODE graphs (step 2), model-worker-batch family only (0.5.11-0.5.12).
+# Off-step DECODE graphs (step 2), model-worker-batch family only, where the runner takes its
+# own attention backend (0.5.12 checked; not 0.5.9).
 
 
 def _offstep_graphs_enabled() -> bool:
@@ -460,12 +498,31 @@ def _offstep_graphs_enabled() -> bool:
         return os.environ.get("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def offstep_graphs_unsupported() -> str | None:
+    """Why this release cannot get off-step DECODE graphs (None: it can), from the installed classes."""
+    if v2_input_kind() != "model_worker_batch":
+        return "only implemented for the ModelWorkerBatch releases (<= 0.5.12); eager on this release"
+    try:
+        from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+        from sglang.srt.model_executor.model_runner import ModelRunner
+    except ImportError as exc:
+        return f"graph runner not importable ({exc}); eager"
+    # Without its own backend the runner would call init_cuda_graph_state on the live one,
+    # reallocating buffers the verify graphs replay from (0.5.9/0.5.10 have no such parameter).
+    if "attn_backend" not in inspect.signature(CudaGraphRunner.__init__).parameters:
+        return "CudaGraphRunner takes no separate attn_backend on this release; eager"
+    if "init_new_workspace" not in inspect.signature(ModelRunner._get_attention_backend).parameters:
+        return "ModelRunner._get_attention_backend cannot build a second backend on this release; eager"
+    return None
+
+
 def _graphs_unsupported_reason(worker) -> str | None:
     sa = worker.server_args
     if getattr(sa, "disable_cuda_graph", False):
         return "--disable-cuda-graph"
-    if v2_input_kind() != "model_worker_batch":
-        return "only implemented for the ModelWorkerBatch releases (<= 0.5.12); eager on this release"
+    reason = offstep_graphs_unsupported()
+    if reason:
+        return reason
     for flag in ("enable_lora", "enable_pdmux", "enable_two_batch_overlap", "enable_return_hidden_states"):
         if getattr(sa, flag, False):
             return f"--{flag.replace('_', '-')}"
@@ -559,7 +616,8 @@ def describe() -> dict[str, Any]:
         bonus_field=draft_input_bonus_field(mod.EagleDraftInput),
         new_seq_lens_on="result" if "new_seq_lens" in dataclass_field_names(mod.GenerationBatchResult) else "draft_input",
         graph_guard=graph_guard_targets(),
-        offstep_graphs=("capture DECODE graphs on a separate backend" if kind == "model_worker_batch" else "eager"),
+        target_capture=target_capture_channel(),
+        offstep_graphs=offstep_graphs_unsupported() or "capture DECODE graphs on a separate backend",
         topk_gt_1=(kind == "schedule_batch"),  # <= 0.5.12 routes topk > 1 to the v1 worker
         declines=["return_logprob", "return_hidden_states", "grammar", "DP attention", "PP", "TBO", "mamba/GDN"],
     )

@@ -37,6 +37,8 @@ import logging
 import time
 from typing import Any, Callable
 
+from .. import compat
+
 logger = logging.getLogger(__name__)
 
 WORKER_CLASS = "sglang.srt.speculative.eagle_worker.EAGLEWorker"
@@ -45,9 +47,6 @@ WORKER_CLASS = "sglang.srt.speculative.eagle_worker.EAGLEWorker"
 # --- compat candidates ---------------------------------------------------------------
 # Version-dependent helpers for the lead to move into sglang_dynspec.compat.  All of them
 # feature-detect on the installed classes; none compares version strings.
-
-# AROUND target that keeps plain decode batches off verify-only target graphs (<= 0.5.13).
-CUDA_GRAPH_CAN_RUN_TARGET = "sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner.can_run"
 
 # GenerationBatchResult names, newest first: 0.5.12 / 0.5.11 / 0.5.9-0.5.10.
 _RESULT_COUNT_FIELDS = ("num_correct_drafts", "num_accepted_drafts", "num_accepted_tokens")
@@ -361,7 +360,8 @@ def _append_logprobs(reqs, tokens_cpu, logits_output) -> None:
 
 
 def can_run_guard(original, self, forward_batch, *args, **kwargs):
-    """AROUND ``CudaGraphRunner.can_run``: no verify-graph replay for a DECODE batch.
+    """AROUND the target graph runner's can-run check (``compat.graph_guard_target()``):
+    no verify-graph replay for a DECODE batch.  Both runner layouts set ``capture_forward_mode``.
 
     With speculation on, the target runner captured only TARGET_VERIFY graphs sized
     ``bs * num_draft_tokens``; replaying one for a plain decode batch fails with shape
@@ -375,7 +375,8 @@ def can_run_guard(original, self, forward_batch, *args, **kwargs):
 
 
 def extra_hooks() -> list[tuple[str, str, Callable]]:
-    return [(CUDA_GRAPH_CAN_RUN_TARGET, "around", can_run_guard)]
+    # The runner class moved in 0.5.14; a target from the wrong layout would fail activation.
+    return [(compat.graph_guard_target(), "around", can_run_guard)]
 
 
 # --- optional off-step decode graphs -------------------------------------------------
@@ -417,7 +418,7 @@ def describe(worker=None) -> dict:
         "releases": "0.5.9 - 0.5.12 (non-overlap scheduler; topk>1 or --disable-overlap-schedule)",
         "off_step": "plain target DECODE (spec_info=None, capture LAST) + 1-token draft extend",
         "unsupported": ["dp-attention", "hybrid mamba/linear-attention targets"],
-        "graph_guard": CUDA_GRAPH_CAN_RUN_TARGET,
+        "graph_guard": compat.graph_guard_target(),
     }
     try:
         info["draft_extend_layout"] = draft_extend_layout()

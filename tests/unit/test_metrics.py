@@ -1,0 +1,74 @@
+"""Stats file, decision trace and Prometheus export of the controller's numbers."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sglang_dynspec.decisions import Controller
+from sglang_dynspec.metrics import StatsWriter, TraceObserver
+from sglang_dynspec.policies import build_policy
+
+
+def test_stats_writer_rate_limited_and_atomic(tmp_path):
+    w = StatsWriter(tmp_path, {"policy": "x"}, interval=3600)
+    w.maybe_write(lambda: {"decode_steps": 1})
+    w.maybe_write(lambda: {"decode_steps": 2})  # within the interval: skipped
+    data = json.loads(w.path.read_text())
+    assert data["decode_steps"] == 1 and data["policy"] == "x" and data["pid"] == os.getpid()
+    w.maybe_write(lambda: {"decode_steps": 3}, force=True)
+    assert json.loads(w.path.read_text())["decode_steps"] == 3
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_trace_observer_bounded(tmp_path):
+    import pluggy
+
+    from sglang_dynspec import hookspecs
+
+    pm = pluggy.PluginManager("sglang_dynspec")
+    pm.add_hookspecs(hookspecs)
+    obs = TraceObserver(tmp_path / "trace.jsonl", max_bytes=2000)
+    pm.register(obs)
+    c = Controller(build_policy("threshold", {"n": 4}), hook=pm.hook)
+    for i in range(200):
+        c.on_decode(1 + i % 8)
+    obs.close()
+    lines = obs.path.read_text().splitlines()
+    assert 0 < len(lines) < 200 and obs.path.stat().st_size <= 2000
+    first = json.loads(lines[0])
+    assert first["step"] == 0 and first["bs"] == 1 and first["on"] is True
+    assert json.loads(lines[4])["on"] is False  # bs 5 > n
+
+
+def test_prometheus_multiprocess_export(tmp_path):
+    pytest.importorskip("prometheus_client")
+    code = textwrap.dedent("""
+        from sglang_dynspec.decisions import Controller
+        from sglang_dynspec.metrics import PrometheusExporter
+        from sglang_dynspec.policies import build_policy
+        c = Controller(build_policy("threshold", {"n": 4}))
+        exp = PrometheusExporter({"tp_rank": "0"})
+        for bs in [1, 8, 1, 8, 8]:
+            c.on_decode(bs)
+        c.on_result(4, 6)
+        snap = c.snapshot()
+        exp.update(snap, draft_tokens_per_step=2)
+        exp.update(snap, draft_tokens_per_step=2)  # no double counting
+        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client.multiprocess import MultiProcessCollector
+        reg = CollectorRegistry(); MultiProcessCollector(reg)
+        print(generate_latest(reg).decode())
+    """)
+    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert 'sglang_dynspec_decode_steps_total{mode="on",tp_rank="0"} 2.0' in text
+    assert 'sglang_dynspec_decode_steps_total{mode="off",tp_rank="0"} 3.0' in text
+    assert 'sglang_dynspec_switches_total{tp_rank="0"} 3.0' in text
+    assert 'sglang_dynspec_wasted_draft_tokens_total{tp_rank="0"} 2.0' in text  # 4 rows x 2 drafted - 6
+    assert "sglang_dynspec_accept_length" in text

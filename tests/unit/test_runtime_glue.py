@@ -1,0 +1,108 @@
+"""The hooks in runtime.py with stand-ins for GPU-only objects (the GPU runs are the real test:
+benchmarks/results/fuzz-0512-*.json, tests/gpu)."""
+
+from types import SimpleNamespace as NS
+
+import pytest
+
+from sglang_dynspec import runtime
+from sglang_dynspec.decisions import Controller
+from sglang_dynspec.policies import build_policy
+
+
+class Adapter:
+    def __init__(self):
+        self.off_calls = 0
+
+    def decode_batch_size(self, worker, batch):
+        return None if batch.mode != "decode" else len(batch.reqs)
+
+    def forward_off(self, worker, batch, *a, **kw):
+        self.off_calls += 1
+        return NS(num_correct_drafts=0)
+
+
+@pytest.fixture
+def state(monkeypatch):
+    def make(policy, args=None):
+        adapter = Adapter()
+        sched = NS(running_batch=NS(reqs=[]), waiting_queue=[], tp_rank=0)
+        worker = object()
+        st = runtime.WorkerState(settings=None, controller=Controller(build_policy(policy, args or {})),
+                                 scheduler=sched, worker=worker, path="v1", adapter=adapter)
+        st.accepted_field = "num_correct_drafts"
+        monkeypatch.setattr(runtime, "STATE", st)
+        return st
+    return make
+
+
+def req(rid):
+    return NS(rid=rid)
+
+
+def batch(n, mode="decode", prefix="r"):
+    fm = NS(is_decode=lambda: mode in ("decode", "declined"))
+    return NS(mode=mode, forward_mode=fm, reqs=[req(f"{prefix}{i}") for i in range(n)], batch_size=lambda: n)
+
+
+def original(worker, b, *a, **kw):
+    return NS(num_correct_drafts=3 * len(b.reqs), spec=True)
+
+
+def test_policy_decides_and_off_result_is_marked(state):
+    st = state("threshold", {"n": 2})
+    on = runtime.around_v1_forward(original, st.worker, batch(2))
+    off = runtime.around_v1_forward(original, st.worker, batch(5))
+    assert getattr(on, "spec", False) and not hasattr(on, "_dynspec_off")
+    assert off._dynspec_off is True and st.adapter.off_calls == 1
+    assert st.controller.stats["switches"] == 1
+
+
+def test_extend_batches_go_to_sglang_untouched(state):
+    st = state("never")
+    res = runtime.around_v1_forward(original, st.worker, batch(3, mode="extend"))
+    assert res.spec and st.controller.stats["decode_steps"] == 0
+
+
+def test_other_workers_untouched(state):
+    st = state("never")
+    res = runtime.around_v1_forward(original, object(), batch(3))
+    assert res.spec and st.adapter.off_calls == 0
+
+
+def test_acceptance_only_from_speculative_results(state):
+    st = state("always")
+    b = batch(4)
+    runtime.after_process_decode(None, None, b, NS(num_correct_drafts=6))
+    runtime.after_process_decode(None, None, b, NS(num_correct_drafts=0, _dynspec_off=True))
+    assert st.controller.accept_samples == 1
+    assert st.controller.accept_length == pytest.approx(2.5)
+
+
+def test_per_request_opt_out_forces_off(state):
+    st = state("always")
+    runtime.after_handle_generate(None, st.scheduler, NS(rid="r1", sampling_params=NS(custom_params={"dynspec": "off"})))
+    runtime.after_handle_generate(None, st.scheduler, NS(rid="x9", sampling_params=NS(custom_params={"other": 1})))
+    runtime.after_handle_generate(None, st.scheduler, NS(rid="x8", sampling_params=NS(custom_params=None)))
+    assert st.optout_rids == {"r1"}
+    assert runtime.around_v1_forward(original, st.worker, batch(3))._dynspec_off  # holds r1
+    assert runtime.around_v1_forward(original, st.worker, batch(3, prefix="q")).spec  # r1 not in it
+    assert st.controller.stats["steps_forced_off"] == 1
+
+
+def test_opt_out_forgotten_after_it_finished(state):
+    st = state("always")
+    runtime.after_handle_generate(None, st.scheduler, NS(rid="r0", sampling_params=NS(custom_params={"dynspec": False})))
+    runtime.around_v1_forward(original, st.worker, batch(2))  # r0 seen running
+    st.controller.step = 1024  # next prune point
+    runtime.around_v1_forward(original, st.worker, batch(2, prefix="q"))
+    assert st.optout_rids == set()
+
+
+def test_opt_out_that_cannot_be_honoured_is_counted(state):
+    st = state("always")
+    runtime.after_handle_generate(None, st.scheduler, NS(rid="r0", sampling_params=NS(custom_params={"dynspec": "off"})))
+    runtime.around_v1_forward(original, st.worker, batch(2, mode="extend"))  # prefill: not speculation
+    assert st.optout_not_honoured == 0
+    runtime.around_v1_forward(original, st.worker, batch(2, mode="declined"))  # decode the adapter declines
+    assert st.optout_not_honoured == 1

@@ -1,0 +1,83 @@
+"""Tensor parallelism on the CPU: two gloo ranks with different local timings decide alike.
+
+Each rank is its own process with its own clock; only the cost agreement (runtime's real
+all-reduce over the scheduler's CPU group) makes the goodput decisions rank-identical.
+The control run without agreement shows the test can fail.
+"""
+
+import multiprocessing as mp
+import random
+import socket
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs torch (torch.distributed gloo)")
+
+STEPS = 3000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, port, policy, args, agree_on, q):
+    import torch.distributed as dist
+
+    from sglang_dynspec import runtime
+    from sglang_dynspec.decisions import Controller
+    from sglang_dynspec.policies import build_policy
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    clock = types.SimpleNamespace(t=0.0)
+    agree = runtime._agree_fn(types.SimpleNamespace(tp_cpu_group=dist.group.WORLD)) if agree_on else None
+    ctl = Controller(build_policy(policy, args), tp_rank=rank, tp_size=2, agree=agree, sync_interval=50,
+                     clock=lambda: clock.t)
+    jitter = random.Random(1000 + rank)  # rank-local noise
+    scale = 1.0 if rank == 0 else 1.3  # rank 1 measures 30 % slower steps
+    load = random.Random(7)  # the batch sizes: identical on both ranks, as in SGLang
+    out = []
+    bs = 8
+    for step in range(STEPS):
+        if step % 100 == 0:
+            bs = load.choice([1, 2, 4, 8, 32, 64, 128])
+        on = ctl.on_decode(bs, bs, 0)
+        out.append(on)
+        base = (0.006 + 0.00025 * bs) if on else (0.004 + 0.00004 * bs)
+        clock.t += base * scale * (1 + 0.2 * jitter.random())
+        if on:
+            ctl.on_result(bs, int(1.6 * bs))  # rank-identical acceptance (scheduler counts)
+    q.put((rank, out, ctl.snapshot()))
+    dist.destroy_process_group()
+
+
+def _run(policy, args, agree_on):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, policy, args, agree_on, q)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    results = dict((r, (o, s)) for r, o, s in (q.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
+
+
+@pytest.mark.parametrize("policy, args", [("goodput", {}), ("random", {"seed": 11})])
+def test_ranks_decide_identically(policy, args):
+    res = _run(policy, args, agree_on=True)
+    d0, s0 = res[0]
+    d1, s1 = res[1]
+    assert d0 == d1
+    assert s0["switches"] == s1["switches"]
+    if policy == "goodput":
+        assert 0 < s0["steps_off"] < STEPS and s0["agreements"] >= STEPS // 50 - 1
+
+
+def test_without_agreement_goodput_ranks_diverge():
+    res = _run("goodput", {}, agree_on=False)
+    assert res[0][0] != res[1][0]
