@@ -15,8 +15,9 @@ from pathlib import Path
 
 from . import correctness as corr
 from .loadgen import closed_loop, first_errors, sampling_params
-from .modes import ServerConfig, parse_mode, stats_dir_for
+from .modes import parse_mode, stats_dir_for
 from .prompts import PromptSource
+from .runconfig import RunConfig
 from .results import base_record, phase, validate, write_json
 from .stats import read_stats
 from .wave import log, running_modes
@@ -26,33 +27,18 @@ STATS_SETTLE_S = float(os.environ.get("DYNSPEC_STATS_SETTLE_S", "1.5"))
 
 
 @dataclass
-class FuzzConfig:
-    server: ServerConfig
+class FuzzConfig(RunConfig):
     policy: str = "random"
-    variant: str = ""  # e.g. "topk4": applies to the dynspec and the `on` server alike
     concurrency: list[int] = field(default_factory=lambda: [1, 8, 32, 128])
     min_decode_steps: int = 2000
-    output_len: int = 128
-    input_len: int = 256
     max_seconds_per_c: float = 120.0
-    out_dir: str = "benchmarks/results"
     name: str = "fuzz"
-    log_dir: str | None = None
-    base_port: int = 30100
-    start_timeout_s: float = 300.0
-    deadline: float | None = None
-    level_margin_s: float = 25.0
-    seed: int = 0
-    server_factory: object = None
 
     def __post_init__(self) -> None:
         if self.min_decode_steps < 1:
             raise ValueError(f"min_decode_steps must be >= 1, got {self.min_decode_steps}")
         if not self.concurrency or any(int(c) < 1 for c in self.concurrency):
             raise ValueError(f"concurrency: need positive integers, got {self.concurrency}")
-
-    def remaining_s(self) -> float:
-        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
 
 
 def _suffix(variant: str) -> str:

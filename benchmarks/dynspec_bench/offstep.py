@@ -3,43 +3,30 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .loadgen import closed_loop, sampling_params, summarize
-from .modes import ServerConfig, parse_mode, worker_path_guess
+from .modes import parse_mode, worker_path_guess
 from .prompts import PromptSource
 from .results import base_record, phase, validate, write_json
+from .runconfig import RunConfig
 from .wave import log, running_modes
 
 
 @dataclass
-class OffstepConfig:
-    server: ServerConfig
+class OffstepConfig(RunConfig):
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32, 128])
-    variant: str = ""
     policy: str = "never"
     output_len: int = 512
-    input_len: int = 256
     requests_factor: int = 2
     warmup_tokens: int = 32
-    out_dir: str = "benchmarks/results"
     name: str = "offstep"
-    log_dir: str | None = None
     base_port: int = 30200
-    start_timeout_s: float = 300.0
-    deadline: float | None = None
-    level_margin_s: float = 25.0
-    seed: int = 0
-    server_factory: object = None
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
             raise ValueError(f"batch_sizes: need positive integers, got {self.batch_sizes}")
-
-    def remaining_s(self) -> float:
-        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
 
 
 def _step_ms(base_url: str, prompts: PromptSource, bs: int, cfg: OffstepConfig, salt: int) -> dict:

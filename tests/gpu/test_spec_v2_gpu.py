@@ -46,7 +46,7 @@ def _modes(sglang_version):
     return names
 
 
-def test_offstep_outputs_match_static_eagle(tmp_path, sglang_version):
+def test_offstep_outputs_match_static_eagle(tmp_path, sglang_version, serve_and_collect):
     correctness, modes, server = _harness()
     model = os.environ.get("DYNSPEC_GPU_MODEL", str(BENCH / "models" / "llama8b"))
     draft = os.environ.get("DYNSPEC_GPU_DRAFT", str(BENCH / "models" / "eagle3-llama8b"))
@@ -64,19 +64,11 @@ def test_offstep_outputs_match_static_eagle(tmp_path, sglang_version):
     for i, name in enumerate(_modes(sglang_version)):
         mode = modes.parse_mode(name)
         spec = modes.build_server_spec(mode, cfg, port=31000 + i)
-        # The adapter's INFO lines (first off-step, graph capture) show up at INFO.
-        spec.env.setdefault("SGLANG_DYNSPEC_LOG_LEVEL", "INFO")
-        with server.ServerProcess(spec, log_dir) as srv:
-            srv.start(timeout_s=900)
-            outputs[name] = correctness.collect_outputs(srv.base_url, prompts, max_new_tokens=64, concurrency=8)
-            counts = srv.log_counts()
-            text = srv.log_text()
-        if counts["tracebacks"] or counts["leak_reports"]:
-            problems.append(f"{name}: {counts} (log {srv.log_path})")
-        if mode.kind == "dynspec":
-            if "off-steps disabled" in text:
-                problems.append(f"{name}: adapter refused this worker (log {srv.log_path})")
-            notes.append(f"{name}: first-off-step log line {'seen' if 'first off-step' in text else 'NOT seen'}")
+        outs, probs, nts, _ = serve_and_collect(correctness, server, mode, spec, log_dir, prompts,
+                                                max_new_tokens=64, concurrency=8)
+        outputs[name] = outs
+        problems += probs
+        notes += nts
 
     for name, outs in outputs.items():
         ref_name = "on@topk4" if name.endswith("@topk4") else "on"

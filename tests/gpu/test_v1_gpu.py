@@ -49,7 +49,7 @@ def _harness():
     return correctness, modes, server
 
 
-def test_v1_offstep_outputs_match_static_eagle(tmp_path, sglang_version):
+def test_v1_offstep_outputs_match_static_eagle(tmp_path, sglang_version, serve_and_collect):
     from packaging.version import Version
 
     if sglang_version >= Version("0.5.13"):
@@ -70,20 +70,13 @@ def test_v1_offstep_outputs_match_static_eagle(tmp_path, sglang_version):
         mode = modes.parse_mode(name)
         cfg = dataclasses.replace(base, policy_args=policy_args)
         spec = modes.build_server_spec(mode, cfg, port=31100 + i)
-        spec.env.setdefault("SGLANG_DYNSPEC_LOG_LEVEL", "INFO")
-        with server.ServerProcess(spec, log_dir) as srv:
-            srv.start(timeout_s=900)
-            outputs[name] = correctness.collect_outputs(srv.base_url, prompts, max_new_tokens=96, concurrency=10)
-            counts = srv.log_counts()
-            text = srv.log_text()
-        if counts["tracebacks"] or counts["leak_reports"]:
-            problems.append(f"{name}: {counts} (log {srv.log_path})")
-        if mode.kind == "dynspec":
-            if "off-steps disabled" in text:
-                problems.append(f"{name}: adapter refused this worker (log {srv.log_path})")
-            if "EAGLEWorkerV2" in text and "EAGLEWorker " not in text:
-                notes.append(f"{name}: log mentions only the v2 worker - check the path really was v1")
-            notes.append(f"{name}: first-off-step log line {'seen' if 'first off-step' in text else 'NOT seen'}")
+        outs, probs, nts, text = serve_and_collect(correctness, server, mode, spec, log_dir, prompts,
+                                                   max_new_tokens=96, concurrency=10)
+        outputs[name] = outs
+        problems += probs
+        notes += nts
+        if mode.kind == "dynspec" and "EAGLEWorkerV2" in text and "EAGLEWorker " not in text:
+            notes.append(f"{name}: log mentions only the v2 worker - check the path really was v1")
 
     for name, outs in outputs.items():
         if name == REFERENCE:

@@ -1,0 +1,30 @@
+"""Shared by the GPU end-to-end tests: serve one mode through the harness and collect outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def serve_and_collect():
+    """(correctness, server) modules, spec, prompts, ... -> (outputs, problems, notes) of one mode."""
+
+    def run(correctness, server, mode, spec, log_dir, prompts, max_new_tokens, concurrency):
+        problems, notes = [], []
+        # The adapter's INFO lines (first off-step, graph capture) show up at INFO.
+        spec.env.setdefault("SGLANG_DYNSPEC_LOG_LEVEL", "INFO")
+        with server.ServerProcess(spec, log_dir) as srv:
+            srv.start(timeout_s=900)
+            outputs = correctness.collect_outputs(srv.base_url, prompts, max_new_tokens=max_new_tokens,
+                                                  concurrency=concurrency)
+            counts = srv.log_counts()
+            text = srv.log_text()
+        if counts["tracebacks"] or counts["leak_reports"]:
+            problems.append(f"{mode.name}: {counts} (log {srv.log_path})")
+        if mode.kind == "dynspec":
+            if "off-steps disabled" in text:
+                problems.append(f"{mode.name}: adapter refused this worker (log {srv.log_path})")
+            notes.append(f"{mode.name}: first-off-step log line {'seen' if 'first off-step' in text else 'NOT seen'}")
+        return outputs, problems, notes, text
+
+    return run
