@@ -105,8 +105,9 @@ def test_cli_flags_mirror_settings(sglang_version):
         from sglang.srt.server_args import ServerArgs
         p = argparse.ArgumentParser()
         ServerArgs.add_cli_args(p)
-        args = p.parse_args(["--model-path", "x", "--dynspec-enabled", "--dynspec-policy", "threshold",
-                             "--dynspec-policy-args", '{"n": 3}'])
+        args = p.parse_args(["--model-path", "x", "--speculative-algorithm", "EAGLE3",
+                             "--speculative-draft-model-path", "y", "--dynspec-enabled",
+                             "--dynspec-policy", "threshold", "--dynspec-policy-args", '{"n": 3}'])
         try:
             ServerArgs.from_cli_args(args)
         except SystemExit:
@@ -137,6 +138,30 @@ def test_cli_flag_validation_same_as_env(sglang_version):
     p = run_py(code, {})
     assert p.returncode != 0 and "SERVED" not in p.stdout
     assert "sync_interval_steps (flag/env SGLANG_DYNSPEC_SYNC_INTERVAL_STEPS)" in p.stderr
+
+
+def test_incompatible_server_flags_refused(sglang_version):
+    if sglang_version < FRAMEWORK:
+        pytest.skip("--dynspec-* flags need the plugin framework (>= 0.5.11)")
+
+    code = """
+        import argparse
+        from unittest import mock
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        from sglang.srt.server_args import ServerArgs
+        p = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(p)
+        args = p.parse_args(["--model-path", "x", "--dynspec-enabled"])
+        # ServerArgs' own checks need the model's config on disk; the flag check runs on its result.
+        with mock.patch.object(ServerArgs, "__post_init__", lambda self: None):
+            ServerArgs.from_cli_args(args)
+        print("SERVED")
+    """
+    p = run_py(code, {})
+    assert p.returncode != 0 and "SERVED" not in p.stdout
+    assert "incompatible server flags" in p.stderr
+    assert "speculative_algorithm (--speculative-algorithm): not set" in p.stderr
 
 
 def test_startup_hook_in_spawned_subprocess(sglang_version):

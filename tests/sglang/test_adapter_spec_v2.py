@@ -225,6 +225,14 @@ def m_fields(cls):
     return {f.name for f in dataclasses.fields(cls)}
 
 
+def _batch_class(m):
+    """The batch class forward_batch_generation receives (ModelWorkerBatch is gone in >= 0.5.13)."""
+    from sglang.srt.managers import schedule_batch
+
+    name = "ModelWorkerBatch" if m.v2_input_kind() == "model_worker_batch" else "ScheduleBatch"
+    return getattr(schedule_batch, name)
+
+
 def _expect_capture_channel(m, sglang_version):
     from packaging.version import Version
 
@@ -239,15 +247,11 @@ def _expect_capture_channel(m, sglang_version):
 
 
 def test_target_overrides_are_batch_fields(m):
-    from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
-
     keys = {"forward_mode", "input_ids", "out_cache_loc", "seq_lens", "spec_info", "seq_lens_cpu", "seq_lens_sum"}
-    cls = ModelWorkerBatch if m.v2_input_kind() == "model_worker_batch" else ScheduleBatch
-    assert keys <= m_fields(cls)
+    assert keys <= m_fields(_batch_class(m))
 
 
 def test_target_capture_channel(m, sglang_version):
-    from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
     from sglang.srt.managers.tp_worker import TpModelWorker
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
@@ -255,7 +259,7 @@ def test_target_capture_channel(m, sglang_version):
     expected = _expect_capture_channel(m, sglang_version)
     if expected is not None:
         assert channel == expected
-    cls = ModelWorkerBatch if m.v2_input_kind() == "model_worker_batch" else ScheduleBatch
+    cls = _batch_class(m)
     if channel == "kwarg":
         _bind(TpModelWorker.forward_batch_generation, object(), object(), capture_hidden_mode=object())
         assert "capture_hidden_mode" in inspect.signature(inspect.unwrap(ForwardBatch.init_new)).parameters
@@ -468,15 +472,13 @@ def _off_setup(m, up, ndt=4):
         orig_seq_lens=None,
         return_logprob=False,
     )
-    from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
-
-    cls = ModelWorkerBatch if m.v2_input_kind() == "model_worker_batch" else ScheduleBatch
+    cls = _batch_class(m)
     if "capture_hidden_mode" in m_fields(cls):  # only where the real batch has the field
         fields["capture_hidden_mode"] = None
-    if cls is ModelWorkerBatch:
-        kw = {name: None for name in _required_fields(ModelWorkerBatch)}
+    if m.v2_input_kind() == "model_worker_batch":
+        kw = {name: None for name in _required_fields(cls)}
         kw.update(fields)
-        batch = ModelWorkerBatch(**kw)
+        batch = cls(**kw)
     else:
         batch = SimpleNamespace(**fields)  # a real ScheduleBatch needs a live memory pool
     return w, target, draft, batch
