@@ -114,7 +114,7 @@ def test_goodput_dwell_holds_mode():
         ("random", {"p_on": 2}, "policy_args.p_on"),
         ("goodput", {"margin": 1.5}, "policy_args.margin"),
         ("always", {"x": 1}, "policy_args.x"),
-        ("nonesuch", {}, "unknown policy; registered: always, goodput, never, random, threshold"),
+        ("nonesuch", {}, "unknown policy; registered: always, goodput, never"),
         ("no.such.module:Thing", {}, "cannot import"),
         ("sglang_dynspec.costs:bucket", {}, "could not be created"),
         ("sglang_dynspec.costs:CostTable", {}, "has no decide(inputs) method"),
