@@ -65,12 +65,14 @@ class CostView:
 
     __slots__ = ("time", "count", "mean_bs", "fit", "version")
 
-    def __init__(self, summed: Sequence[float], version: int = 0):
+    def __init__(self, summed: Sequence[float] | None, version: int = 0):
         n = NUM_BUCKETS
         self.time = [[0.0] * n, [0.0] * n]
         self.count = [[0] * n, [0] * n]
         self.mean_bs = [[0.0] * n, [0.0] * n]
         self.version = version
+        if summed is None:  # filled by from_table
+            return
         i = 0
         for m in (0, 1):
             for b in range(n):
@@ -84,14 +86,17 @@ class CostView:
 
     @classmethod
     def from_table(cls, table: CostTable, version: int = 0) -> "CostView":
-        return cls(table.to_vector(), version)
+        """A single rank's view: copies of its own lists (no vector round trip)."""
+        v = cls(None, version)
+        v.time = [list(table.time[0]), list(table.time[1])]
+        v.count = [list(table.count[0]), list(table.count[1])]
+        v.mean_bs = [list(table.mean_bs[0]), list(table.mean_bs[1])]
+        v.fit = [v._fit(0), v._fit(1)]
+        return v
 
     def _fit(self, m: int) -> tuple[float, float] | None:
-        pts = [
-            (self.mean_bs[m][b], self.time[m][b])
-            for b in range(NUM_BUCKETS)
-            if self.count[m][b] >= MIN_SAMPLES
-        ]
+        cnt, bs, tm = self.count[m], self.mean_bs[m], self.time[m]
+        pts = [(bs[b], tm[b]) for b in range(NUM_BUCKETS) if cnt[b] >= MIN_SAMPLES]
         if len(pts) < 2:
             return None
         n = len(pts)

@@ -191,13 +191,16 @@ class Controller:
                 logger.exception("sglang-dynspec: an observer of policy failures raised")
 
     def _refresh_view(self) -> None:
+        version = self.stats["agreements"]
+        self.stats["agreements"] += 1
+        if self.tp_size == 1 or self.agree is None:
+            self.view = CostView.from_table(self.costs, version)
+            return
         vec = self.costs.to_vector()
         vec.append(1.0 if self._pending_failure else 0.0)
-        if self.tp_size > 1 and self.agree is not None:
-            vec = self.agree(vec)
+        vec = self.agree(vec)
         failed_somewhere = vec.pop() > 0
-        self.view = CostView(vec, version=self.stats["agreements"])
-        self.stats["agreements"] += 1
+        self.view = CostView(vec, version=version)
         if failed_somewhere:
             self._fail(self._pending_failure or "a policy deadline was missed on another rank")
 
