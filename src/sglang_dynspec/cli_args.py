@@ -10,8 +10,7 @@ import argparse
 import json
 import os
 
-from .config import ENV_PREFIX, FIELDS, DynspecSettings, load_settings
-from .errors import ActivationError, ConfigError
+ENV_PREFIX = "SGLANG_DYNSPEC_"  # same as config.ENV_PREFIX; config (pydantic) loads only when used
 
 _registered = False
 
@@ -25,6 +24,8 @@ def dest_name(field: str) -> str:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
+    from .config import FIELDS, DynspecSettings
+
     group = parser.add_argument_group("sglang-dynspec", "Dynamic speculative decoding (sglang-dynspec plugin)")
     for field in FIELDS:
         info = DynspecSettings.model_fields[field]
@@ -36,6 +37,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 def export_flags(args: argparse.Namespace, environ=None) -> dict[str, str]:
     """Copy given --dynspec-* values into the environment; returns what was set."""
+    from .config import FIELDS
+
     environ = os.environ if environ is None else environ
     set_: dict[str, str] = {}
     for field in FIELDS:
@@ -55,6 +58,9 @@ def _after_add_cli_args(result, parser, *args, **kwargs):
 
 
 def _around_from_cli_args(original, cls, args, *rest, **kwargs):
+    from .config import load_settings
+    from .errors import ActivationError, ConfigError
+
     given = export_flags(args)
     settings = None
     if given or os.environ.get(ENV_PREFIX + "ENABLED") or os.environ.get(ENV_PREFIX + "CONFIG"):

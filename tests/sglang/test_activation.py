@@ -63,10 +63,15 @@ def test_disabled_plugin_wraps_nothing(sglang_version):
     code = """
         from sglang.srt.plugins import load_plugins
         load_plugins()
+        import sys, json
         from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-        print("RESULT", '{"wrapped": %s}' % ("true" if hasattr(EAGLEWorkerV2.forward_batch_generation, "__wrapped__") else "false"))
+        print("RESULT", json.dumps({
+            "wrapped": hasattr(EAGLEWorkerV2.forward_batch_generation, "__wrapped__"),
+            # disabled = an env read and two flag hooks; settings (pydantic) are not even imported
+            "config_loaded": "sglang_dynspec.config" in sys.modules,
+        }))
     """
-    assert result(run_py(code, {}))["wrapped"] is False
+    assert result(run_py(code, {})) == {"wrapped": False, "config_loaded": False}
 
 
 def test_bad_config_stops_the_process_with_one_message(sglang_version):
