@@ -161,6 +161,9 @@ def _replay(args) -> int:
             share = r.steps_on / max(r.steps_on + r.steps_off, 1)
             print(f"  {name:<22} {r.tok_per_s:9.0f} tok/s ({r.tok_per_s / best:4.2f}x best static)  "
                   f"speculating {share:5.1%} of steps, {r.switches} switches")
+        if args.offstep_factor is None:
+            print("\n(off-step costs as the profile gives them, see its notes; --offstep-factor 1.03 shows the target envelope,"
+                  " --profile h200-dummy-0512 the measured dummy-weight run)")
         return 0
     except ConfigError as e:
         print(e, file=sys.stderr)
