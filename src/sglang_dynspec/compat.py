@@ -6,9 +6,12 @@ so the cheap paths (disabled plugin, CLI) stay cheap.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import os
 import pkgutil
 from functools import lru_cache
@@ -25,6 +28,8 @@ FIRST_SPLIT_GRAPH_RUNNERS = Version("0.5.14")
 
 V1_FORWARD = "sglang.srt.speculative.eagle_worker.EAGLEWorker.forward_batch_generation"
 V2_FORWARD = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
+V2_MODULE = "sglang.srt.speculative.eagle_worker_v2"
+V2_CLASS = "EAGLEWorkerV2"
 INIT_MODEL_WORKER = "sglang.srt.managers.scheduler.Scheduler.init_model_worker"
 HANDLE_GENERATE = "sglang.srt.managers.scheduler.Scheduler.handle_generate_request"
 
@@ -47,6 +52,7 @@ SERVER_ARGS_ADD_CLI = "sglang.srt.server_args.ServerArgs.add_cli_args"
 SERVER_ARGS_FROM_CLI = "sglang.srt.server_args.ServerArgs.from_cli_args"
 
 # Accepted-draft count on GenerationBatchResult, by release (first match wins).
+# GenerationBatchResult names, newest first: 0.5.12 / 0.5.11 / 0.5.9-0.5.10.
 ACCEPTED_FIELDS = ("num_correct_drafts", "num_accepted_drafts", "num_accepted_tokens")
 ACCEPTED_PER_REQ_FIELDS = (
     "num_correct_drafts_per_req_cpu",
@@ -130,6 +136,10 @@ def first_field(cls, names) -> str | None:
     return next((n for n in names if n in have), None)
 
 
+def dataclass_field_names(cls) -> frozenset:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def worker_path(worker) -> str:
     """"v1" or "spec_v2" for an EAGLE worker instance."""
     mod = type(worker).__module__
@@ -161,3 +171,237 @@ def server_args_problems(sa) -> list[str]:
     if int(getattr(sa, "pp_size", 1) or 1) > 1:
         problems.append("pp_size (--pipeline-parallel-size): pipeline parallelism is not supported")
     return problems
+
+
+# --------------------------------------------------------------------------------------------
+# spec_v2 worker path (EAGLEWorkerV2, adapters/spec_v2.py).  Version-dependent helpers, keyed by
+# feature detection on the installed classes.
+
+
+def v2_worker_module():
+    return importlib.import_module(V2_MODULE)
+
+
+def v2_worker_class():
+    return getattr(v2_worker_module(), V2_CLASS)
+
+
+def v2_input_kind() -> str:
+    """``"model_worker_batch"`` (<= 0.5.12) or ``"schedule_batch"`` (>= 0.5.13), from the
+    first parameter name of the installed ``EAGLEWorkerV2.forward_batch_generation``."""
+    fn = inspect.unwrap(v2_worker_class().forward_batch_generation)
+    params = list(inspect.signature(fn).parameters)
+    first = params[1] if len(params) > 1 else ""
+    return "model_worker_batch" if first == "model_worker_batch" else "schedule_batch"
+
+
+def only_fields(cls, **values) -> dict:
+    """Keep the keyword values ``cls`` (a dataclass) knows; field names changed across releases."""
+    names = dataclass_field_names(cls)
+    return {k: v for k, v in values.items() if k in names}
+
+
+def draft_input_bonus_field(draft_input_cls) -> str:
+    # 0.5.12 renamed verified_id -> bonus_tokens.
+    names = dataclass_field_names(draft_input_cls)
+    return "bonus_tokens" if "bonus_tokens" in names else "verified_id"
+
+
+def graph_guard_targets() -> list[str]:
+    """Dotted ``can_run`` targets of the target-model decode graph runner, newest layout first.
+    Only modules that exist in the installed release are returned (find_spec, no import)."""
+    candidates = [
+        # >= 0.5.14
+        ("sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner.can_run_graph"),
+        # <= 0.5.13
+        ("sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner.can_run"),
+    ]
+    out = []
+    for mod, attr in candidates:
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            found = False
+        if found:
+            out.append(f"{mod}.{attr}")
+            break  # the newer runner replaces the older one; hook only the live one
+    return out
+
+
+@lru_cache(maxsize=None)
+def target_capture_channel() -> str:
+    """How the target forward is told which hidden states to capture.
+
+    ``"batch_field"``: a ``capture_hidden_mode`` field on the batch it receives (ModelWorkerBatch
+    <= 0.5.12; ScheduleBatch 0.5.13-0.5.15, read and cleared by ``ForwardBatch.init_new``).
+    ``"kwarg"``: ``TpModelWorker.forward_batch_generation(..., capture_hidden_mode=)`` (0.5.23;
+    ScheduleBatch has no such field, and an attribute set on it is silently ignored).
+    ``""``: neither, so the draft-extend could not get the target hidden states.
+    """
+    from sglang.srt.managers.tp_worker import TpModelWorker
+
+    if v2_input_kind() == "model_worker_batch":
+        from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+
+        return "batch_field" if "capture_hidden_mode" in dataclass_field_names(ModelWorkerBatch) else ""
+    params = inspect.signature(inspect.unwrap(TpModelWorker.forward_batch_generation)).parameters
+    if "capture_hidden_mode" in params:
+        return "kwarg"
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    return "batch_field" if "capture_hidden_mode" in dataclass_field_names(ScheduleBatch) else ""
+
+
+def target_graph_runner_attr(model_runner) -> str:
+    # 0.5.14 renamed ModelRunner.graph_runner -> decode_cuda_graph_runner.
+    return "decode_cuda_graph_runner" if hasattr(model_runner, "decode_cuda_graph_runner") else "graph_runner"
+
+
+def draft_contexts(worker) -> contextlib.ExitStack:
+    """The context managers upstream wraps every draft-model call in (TP group, MoE backends)."""
+    mod = v2_worker_module()
+    stack = contextlib.ExitStack()
+    dw = worker.draft_worker
+    tp_ctx = getattr(dw, "draft_tp_context", None)
+    if callable(tp_ctx) and hasattr(getattr(dw, "draft_runner", None), "tp_group"):
+        # <= 0.5.2x: per-worker callable taking the draft runner's tp_group.
+        stack.enter_context(tp_ctx(dw.draft_runner.tp_group))
+    elif hasattr(dw, "parallel_layout") and callable(getattr(mod, "draft_tp_context", None)):
+        # 0.5.23: module-level draft_tp_context(parallel_layout).
+        stack.enter_context(mod.draft_tp_context(dw.parallel_layout))
+    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
+        fn = getattr(mod, name, None)
+        if callable(fn):
+            stack.enter_context(fn())
+    return stack
+
+
+# --------------------------------------------------------------------------------------------
+# v1 worker path (EAGLEWorker, adapters/v1.py).  All of them feature-detect on the installed
+# classes; none compares version strings.
+
+
+def last_token_ids(draft_input):
+    """Each request's newest output token (KV not written yet) on an EagleDraftInput."""
+    tokens = getattr(draft_input, "bonus_tokens", None)  # 0.5.12
+    if tokens is None:
+        tokens = getattr(draft_input, "verified_id", None)  # <= 0.5.11
+    return tokens
+
+
+def draft_extend_layout() -> str:
+    """Which draft-extend input the installed release uses.
+
+    ``extend_input``  0.5.12: separate ``EagleDraftExtendInput``; the worker returns the next
+                      ``EagleDraftInput``.
+    ``num_accepted``  0.5.11: ``EagleDraftInput`` with ``num_accepted_drafts/_tokens``.
+    ``accept_length`` 0.5.9/0.5.10: ``EagleDraftInput`` with ``accept_length`` (drafts only).
+    """
+    from sglang.srt.speculative import eagle_info
+
+    if hasattr(eagle_info, "EagleDraftExtendInput"):
+        return "extend_input"
+    names = dataclass_field_names(eagle_info.EagleDraftInput)
+    if "num_accepted_tokens" in names and "num_accepted_drafts" in names:
+        return "num_accepted"
+    if "accept_length" in names:
+        return "accept_length"
+    raise RuntimeError("sglang-dynspec v1 adapter: unknown EagleDraftInput layout in this SGLang")
+
+
+def build_draft_extend_input(*, hidden_states, tokens, seq_lens, seq_lens_cpu, req_pool_indices):
+    """Draft-extend input for exactly one new token per request (zero accepted drafts).
+
+    ``tokens`` is the token just sampled by the target; ``hidden_states`` the target's hidden
+    state at the position before it (capture LAST of the off-step); ``seq_lens`` already
+    include the new position.  Upstream's kernel then derives position ``seq_lens - 1`` and
+    the next bonus token (= ``tokens``).
+    """
+    import torch
+    from sglang.srt.speculative import eagle_info
+
+    n = int(tokens.shape[0])
+    device = tokens.device
+    zeros = torch.zeros((n,), dtype=torch.int32, device=device)
+    layout = draft_extend_layout()
+    if layout == "extend_input":
+        return eagle_info.EagleDraftExtendInput(
+            hidden_states=hidden_states,
+            num_correct_drafts=zeros,
+            num_accept_tokens=zeros + 1,
+            num_accept_tokens_cpu=[1] * n,
+            input_ids=tokens,
+            seq_lens=seq_lens,
+            seq_lens_cpu=seq_lens_cpu,
+            req_pool_indices=req_pool_indices,
+        )
+    common = dict(
+        hidden_states=hidden_states,
+        verified_id=tokens,
+        seq_lens_for_draft_extend=seq_lens,
+        seq_lens_for_draft_extend_cpu=seq_lens_cpu,
+        req_pool_indices_for_draft_extend=req_pool_indices,
+    )
+    if layout == "num_accepted":
+        return eagle_info.EagleDraftInput(
+            num_accepted_drafts=zeros,
+            num_accepted_tokens=zeros + 1,
+            num_accepted_drafts_cpu=[0] * n,
+            num_accepted_tokens_cpu=[1] * n,
+            **common,
+        )
+    # accept_length counts accepted drafts; prepare_extend_after_decode adds the bonus.
+    return eagle_info.EagleDraftInput(accept_length=zeros, accept_length_cpu=[0] * n, **common)
+
+
+def result_kwargs(result_cls, *, bs: int) -> dict:
+    """Accepted-draft fields (all zero) under the installed GenerationBatchResult's names."""
+    names = dataclass_field_names(result_cls)
+    out = {}
+    for f in ACCEPTED_FIELDS:
+        if f in names:
+            out[f] = 0
+            break
+    else:
+        raise RuntimeError("sglang-dynspec v1 adapter: GenerationBatchResult has no accepted-draft count field")
+    for f in ACCEPTED_PER_REQ_FIELDS:
+        if f in names:
+            out[f] = [0] * bs
+            break
+    return out
+
+
+def spec_contexts(worker):
+    """The context managers upstream enters around every draft-model forward."""
+    from sglang.srt.speculative import eagle_worker as ew
+
+    stack = contextlib.ExitStack()
+    tp_ctx = getattr(worker, "draft_tp_context", None)
+    if tp_ctx is not None:
+        stack.enter_context(tp_ctx(worker.draft_model_runner.tp_group))
+    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
+        fn = getattr(ew, name, None)  # imported into eagle_worker's namespace in every release
+        if fn is not None:
+            stack.enter_context(fn())
+    return stack
+
+
+def _target_is_hybrid(worker) -> bool:
+    mr = worker.target_worker.model_runner
+    return any(
+        getattr(mr, a, None) is not None
+        for a in ("hybrid_gdn_config", "mamba2_config", "hybrid_lightning_config")
+    )
+
+
+def _draft_extend_hidden_width(worker):
+    """Width of the draft-extend graph's hidden buffer, or None (no graph / not found)."""
+    runner = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
+    if runner is None:
+        return None
+    buf = getattr(getattr(runner, "buffers", None), "hidden_states", None)  # 0.5.12
+    if buf is None:
+        buf = getattr(runner, "hidden_states", None)  # <= 0.5.11
+    if buf is None or getattr(buf, "ndim", 0) != 2:
+        return None
+    return int(buf.shape[1])

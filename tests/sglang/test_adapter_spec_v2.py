@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_dynspec import compat
+
 pytestmark = pytest.mark.sglang
 
 torch = pytest.importorskip("torch")
@@ -33,7 +35,7 @@ def up(m):
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    mod = m.v2_worker_module()
+    mod = compat.v2_worker_module()
     return SimpleNamespace(
         mod=mod,
         Worker=mod.EAGLEWorkerV2,
@@ -66,7 +68,7 @@ def test_input_kind_matches_release(m, sglang_version):
     from packaging.version import Version
 
     expected = "model_worker_batch" if sglang_version < Version("0.5.13") else "schedule_batch"
-    assert m.v2_input_kind() == expected
+    assert compat.v2_input_kind() == expected
 
 
 # ------------------------------------------------------------------------------------------
@@ -92,7 +94,7 @@ def test_signature_draft_extend_for_decode(m, up):
 
 def test_signature_worker_forward(m, up):
     params = list(inspect.signature(inspect.unwrap(up.Worker.forward_batch_generation)).parameters)
-    if m.v2_input_kind() == "model_worker_batch":
+    if compat.v2_input_kind() == "model_worker_batch":
         assert params[:2] == ["self", "model_worker_batch"]
     else:
         assert params[:3] == ["self", "batch", "on_publish"]
@@ -161,11 +163,11 @@ def test_prepare_captures_graphs_only_where_supported(m, up, monkeypatch):
 
 
 def test_draft_input_fields(m, up):
-    names = m.dataclass_field_names(up.EDI)
-    bonus = m.draft_input_bonus_field(up.EDI)
+    names = compat.dataclass_field_names(up.EDI)
+    bonus = compat.draft_input_bonus_field(up.EDI)
     assert bonus in names
     kw = {bonus: torch.tensor([5, 6], dtype=torch.int32)}
-    if "new_seq_lens" not in m.dataclass_field_names(up.GBR):
+    if "new_seq_lens" not in compat.dataclass_field_names(up.GBR):
         assert {"new_seq_lens", "verify_done"} <= names
         kw.update(new_seq_lens=torch.tensor([10, 20]), verify_done=None)
     di = up.EDI(**kw)
@@ -181,7 +183,7 @@ def _result_carries_stride(sglang_version):
 
 
 def test_generation_batch_result_fields(m, up, sglang_version):
-    names = m.dataclass_field_names(up.GBR)
+    names = compat.dataclass_field_names(up.GBR)
     # The scheduler's spec-v2 decode path reads these on every release we support.
     for f in ("logits_output", "next_token_ids", "can_run_cuda_graph", "next_draft_input", "accept_lens"):
         assert f in names, f
@@ -192,7 +194,7 @@ def test_generation_batch_result_fields(m, up, sglang_version):
         from sglang.srt.managers import scheduler_output_processor_mixin as mixin
 
         assert "self.draft_worker.speculative_num_draft_tokens" in inspect.getsource(mixin)
-    kw = m.only_fields(
+    kw = compat.only_fields(
         up.GBR,
         logits_output=None,
         next_token_ids=torch.zeros(8, dtype=torch.int32),
@@ -229,7 +231,7 @@ def _batch_class(m):
     """The batch class forward_batch_generation receives (ModelWorkerBatch is gone in >= 0.5.13)."""
     from sglang.srt.managers import schedule_batch
 
-    name = "ModelWorkerBatch" if m.v2_input_kind() == "model_worker_batch" else "ScheduleBatch"
+    name = "ModelWorkerBatch" if compat.v2_input_kind() == "model_worker_batch" else "ScheduleBatch"
     return getattr(schedule_batch, name)
 
 
@@ -237,7 +239,7 @@ def _expect_capture_channel(m, sglang_version):
     from packaging.version import Version
 
     v = Version(sglang_version.base_version)
-    if m.v2_input_kind() == "model_worker_batch":
+    if compat.v2_input_kind() == "model_worker_batch":
         return "batch_field"  # ModelWorkerBatch.capture_hidden_mode
     if v <= Version("0.5.15"):
         return "batch_field"  # ScheduleBatch.capture_hidden_mode, consumed by ForwardBatch.init_new
@@ -255,7 +257,7 @@ def test_target_capture_channel(m, sglang_version):
     from sglang.srt.managers.tp_worker import TpModelWorker
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-    channel = m.target_capture_channel()
+    channel = compat.target_capture_channel()
     expected = _expect_capture_channel(m, sglang_version)
     if expected is not None:
         assert channel == expected
@@ -276,9 +278,7 @@ def test_target_capture_channel(m, sglang_version):
 def test_graph_guard_targets_resolve(m):
     import pkgutil
 
-    from sglang_dynspec import compat
-
-    targets = m.graph_guard_targets()
+    targets = compat.graph_guard_targets()
     # Feature-detected here, version-derived in compat: they must name the same runner
     # (activation dedups the guard of both adapters by target).
     assert targets == [compat.graph_guard_target()]
@@ -309,7 +309,7 @@ def test_graph_guard(m, up):
 
 def test_graph_guard_real_runner_attribute(m):
     """The attribute the guard reads is the one the installed runner sets."""
-    owner, attr = m.graph_guard_targets()[0].rsplit(".", 1)
+    owner, attr = compat.graph_guard_targets()[0].rsplit(".", 1)
     import pkgutil
 
     cls = pkgutil.resolve_name(owner)
@@ -457,7 +457,7 @@ def _off_setup(m, up, ndt=4):
     # req_to_token[r, p] = 100*r + p, so every slot names its (request, position).
     req_to_token = (torch.arange(4).unsqueeze(1) * 100 + torch.arange(64)).to(torch.int32)
     w.req_to_token_pool = SimpleNamespace(req_to_token=req_to_token)
-    bonus = m.draft_input_bonus_field(up.EDI)
+    bonus = compat.draft_input_bonus_field(up.EDI)
     spec_info = up.EDI(**{bonus: torch.tensor([3, 4], dtype=torch.int32)})
     seq_lens = torch.tensor([10, 20])
     fields = dict(
@@ -475,7 +475,7 @@ def _off_setup(m, up, ndt=4):
     cls = _batch_class(m)
     if "capture_hidden_mode" in m_fields(cls):  # only where the real batch has the field
         fields["capture_hidden_mode"] = None
-    if m.v2_input_kind() == "model_worker_batch":
+    if compat.v2_input_kind() == "model_worker_batch":
         kw = {name: None for name in _required_fields(cls)}
         kw.update(fields)
         batch = cls(**kw)
@@ -487,7 +487,7 @@ def _off_setup(m, up, ndt=4):
 def _target_capture(m, tb):
     """The capture mode the target saw, through the channel this release reads; the other
     channel must stay unused (a stray ScheduleBatch attribute would be silently ignored)."""
-    if m.target_capture_channel() == "kwarg":
+    if compat.target_capture_channel() == "kwarg":
         assert tb["batch_capture"] in (_ABSENT, None)
         return tb["kwarg_capture"]
     assert tb["kwarg_capture"] is _ABSENT
@@ -498,7 +498,7 @@ def test_forward_off_builds_target_decode_and_result(m, up, sglang_version):
     ndt = 4
     w, target, draft, batch = _off_setup(m, up, ndt=ndt)
     published = []
-    kwargs = {"on_publish": published.append} if m.v2_input_kind() == "schedule_batch" else {}
+    kwargs = {"on_publish": published.append} if compat.v2_input_kind() == "schedule_batch" else {}
     res = m.forward_off(w, batch, **kwargs)
 
     # Target call: plain DECODE, one token per request at position seq_lens.
@@ -529,8 +529,8 @@ def test_forward_off_builds_target_decode_and_result(m, up, sglang_version):
     assert torch.equal(res.logits_output.hidden_states[::ndt], torch.arange(12, dtype=torch.float32).view(2, 6))
     nd = res.next_draft_input
     assert isinstance(nd, up.EDI)
-    assert getattr(nd, m.draft_input_bonus_field(up.EDI)).tolist() == [7, 8]
-    if "new_seq_lens" in m.dataclass_field_names(up.GBR):
+    assert getattr(nd, compat.draft_input_bonus_field(up.EDI)).tolist() == [7, 8]
+    if "new_seq_lens" in compat.dataclass_field_names(up.GBR):
         assert res.new_seq_lens.tolist() == [11, 21]
         assert [t.tolist() for t in published] == [[11, 21]]
     else:
@@ -548,7 +548,7 @@ def test_forward_off_builds_target_decode_and_result(m, up, sglang_version):
 def test_forward_off_standalone_captures_nothing(m, up):
     w, target, draft, batch = _off_setup(m, up)
     w.speculative_algorithm = up.Algo.from_string("STANDALONE")
-    kwargs = {"on_publish": None} if m.v2_input_kind() == "schedule_batch" else {}
+    kwargs = {"on_publish": None} if compat.v2_input_kind() == "schedule_batch" else {}
     m.forward_off(w, batch, **kwargs)
     assert _target_capture(m, target.batches[0]) == up.CaptureHiddenMode.NULL
 

@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_dynspec import compat
+
 pytestmark = pytest.mark.sglang
 
 torch = pytest.importorskip("torch")
@@ -40,7 +42,7 @@ def _bind(fn, *args, **kwargs):
 
 
 def _extend_rows(v1, n=3, hidden=24):
-    return v1.build_draft_extend_input(
+    return compat.build_draft_extend_input(
         hidden_states=torch.randn(n, hidden),
         tokens=torch.arange(10, 10 + n, dtype=torch.int32),
         seq_lens=torch.arange(5, 5 + n, dtype=torch.int64),
@@ -54,7 +56,7 @@ def test_draft_extend_input_is_a_real_instance_with_one_token_per_request(v1):
     from sglang.srt.speculative import eagle_info
 
     de = _extend_rows(v1)
-    layout = v1.draft_extend_layout()
+    layout = compat.draft_extend_layout()
     if layout == "extend_input":
         assert type(de) is eagle_info.EagleDraftExtendInput
         assert de.num_correct_drafts.tolist() == [0, 0, 0]
@@ -84,7 +86,7 @@ def test_draft_extend_input_matches_what_verify_builds(v1):
     from sglang.srt.speculative import eagle_info
 
     src = inspect.getsource(eagle_info.EagleVerifyInput.verify)
-    layout = v1.draft_extend_layout()
+    layout = compat.draft_extend_layout()
     expected = {
         "extend_input": ["num_correct_drafts=", "num_accept_tokens=", "num_accept_tokens_cpu=", "input_ids="],
         "num_accepted": ["num_accepted_drafts=", "num_accepted_tokens=", "seq_lens_for_draft_extend="],
@@ -97,7 +99,7 @@ def test_draft_extend_input_matches_what_verify_builds(v1):
 def test_result_fields_build_a_valid_generation_batch_result(v1):
     from sglang.srt.managers.utils import GenerationBatchResult
 
-    kw = v1.result_kwargs(GenerationBatchResult, bs=4)
+    kw = compat.result_kwargs(GenerationBatchResult, bs=4)
     assert len(kw) == 2, kw
     count = [k for k in kw if not k.endswith("_cpu")][0]
     per_req = [k for k in kw if k.endswith("_cpu")][0]
@@ -171,7 +173,7 @@ def test_last_token_ids_reads_the_installed_draft_input(v1):
     names = {f.name for f in dataclasses.fields(EagleDraftInput)}
     field = "bonus_tokens" if "bonus_tokens" in names else "verified_id"
     di = EagleDraftInput(**{field: torch.tensor([7, 8], dtype=torch.int32)})
-    assert v1.last_token_ids(di).tolist() == [7, 8]
+    assert compat.last_token_ids(di).tolist() == [7, 8]
 
 
 # --- graph guard -----------------------------------------------------------------

@@ -43,3 +43,42 @@ def test_doctor_without_sglang(monkeypatch, capsys):
     monkeypatch.setattr(compat, "sglang_version", lambda: None)
     assert main(["doctor"]) == 1
     assert "SGLang: not installed" in capsys.readouterr().out
+
+
+def test_compat_imports_no_sglang():
+    """The adapter helpers moved into compat keep their SGLang imports inside functions."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sglang_dynspec.compat as c; "
+            "assert callable(c.v2_input_kind) and callable(c.draft_extend_layout); "
+            "assert not [m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')], 'sglang imported'")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+
+
+def test_dataclass_field_helpers():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class OldDraftInput:
+        verified_id: object = None
+
+    @dataclasses.dataclass
+    class NewDraftInput:
+        bonus_tokens: object = None
+
+    @dataclasses.dataclass
+    class Result:
+        num_accepted_drafts: int = 0
+        num_accepted_drafts_per_req_cpu: object = None
+
+    assert compat.dataclass_field_names(Result) == frozenset({"num_accepted_drafts", "num_accepted_drafts_per_req_cpu"})
+    assert compat.only_fields(OldDraftInput, verified_id=1, bonus_tokens=2) == {"verified_id": 1}
+    assert compat.draft_input_bonus_field(OldDraftInput) == "verified_id"
+    assert compat.draft_input_bonus_field(NewDraftInput) == "bonus_tokens"
+    assert compat.last_token_ids(OldDraftInput(verified_id=[3])) == [3]
+    assert compat.last_token_ids(NewDraftInput(bonus_tokens=[4])) == [4]
+    assert compat.result_kwargs(Result, bs=2) == {"num_accepted_drafts": 0, "num_accepted_drafts_per_req_cpu": [0, 0]}
+    with pytest.raises(RuntimeError, match="no accepted-draft count field"):
+        compat.result_kwargs(OldDraftInput, bs=1)

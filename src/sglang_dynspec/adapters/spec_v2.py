@@ -8,7 +8,7 @@ cache over the usual ``num_draft_tokens`` window with only window slot 0 meaning
 reads for a spec-v2 step, so the FutureMap / result processor / KV accounting run unchanged:
 one token is committed per request, and the over-allocated slots stay owned by the request.
 
-Two input shapes exist (see ``v2_input_kind``):
+Two input shapes exist (see ``compat.v2_input_kind``):
 
 * ``"model_worker_batch"`` (0.5.9-0.5.12; on 0.5.9/0.5.10 only with ``SGLANG_ENABLE_SPEC_V2=1``):
   ``forward_batch_generation(model_worker_batch)``, overlap scheduler only, runs on the forward
@@ -28,131 +28,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import importlib
-import importlib.util
 import inspect
 import logging
 import os
 from typing import Any, Callable
 
+from .. import compat
+
 logger = logging.getLogger("sglang_dynspec.adapters.spec_v2")
 
-V2_MODULE = "sglang.srt.speculative.eagle_worker_v2"
-V2_CLASS = "EAGLEWorkerV2"
-FORWARD_TARGET = f"{V2_MODULE}.{V2_CLASS}.forward_batch_generation"
+FORWARD_TARGET = f"{compat.V2_MODULE}.{compat.V2_CLASS}.forward_batch_generation"
 
 # Per-worker state lives on the worker under this attribute (prepared flag, off-step graphs).
 _STATE_ATTR = "_dynspec_spec_v2_state"
-
-
-# --- compat candidates ---
-# Version-dependent helpers, keyed by feature detection.  The lead moves these to compat.py.
-
-
-def v2_worker_module():
-    return importlib.import_module(V2_MODULE)
-
-
-def v2_worker_class():
-    return getattr(v2_worker_module(), V2_CLASS)
-
-
-def v2_input_kind() -> str:
-    """``"model_worker_batch"`` (<= 0.5.12) or ``"schedule_batch"`` (>= 0.5.13), from the
-    first parameter name of the installed ``EAGLEWorkerV2.forward_batch_generation``."""
-    fn = inspect.unwrap(v2_worker_class().forward_batch_generation)
-    params = list(inspect.signature(fn).parameters)
-    first = params[1] if len(params) > 1 else ""
-    return "model_worker_batch" if first == "model_worker_batch" else "schedule_batch"
-
-
-def dataclass_field_names(cls) -> frozenset:
-    return frozenset(f.name for f in dataclasses.fields(cls))
-
-
-def only_fields(cls, **values) -> dict:
-    """Keep the keyword values ``cls`` (a dataclass) knows; field names changed across releases."""
-    names = dataclass_field_names(cls)
-    return {k: v for k, v in values.items() if k in names}
-
-
-def draft_input_bonus_field(draft_input_cls) -> str:
-    # 0.5.12 renamed verified_id -> bonus_tokens.
-    names = dataclass_field_names(draft_input_cls)
-    return "bonus_tokens" if "bonus_tokens" in names else "verified_id"
-
-
-def graph_guard_targets() -> list[str]:
-    """Dotted ``can_run`` targets of the target-model decode graph runner, newest layout first.
-    Only modules that exist in the installed release are returned (find_spec, no import)."""
-    candidates = [
-        # >= 0.5.14
-        ("sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner.can_run_graph"),
-        # <= 0.5.13
-        ("sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner.can_run"),
-    ]
-    out = []
-    for mod, attr in candidates:
-        try:
-            found = importlib.util.find_spec(mod) is not None
-        except (ImportError, ValueError):
-            found = False
-        if found:
-            out.append(f"{mod}.{attr}")
-            break  # the newer runner replaces the older one; hook only the live one
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def target_capture_channel() -> str:
-    """How the target forward is told which hidden states to capture.
-
-    ``"batch_field"``: a ``capture_hidden_mode`` field on the batch it receives (ModelWorkerBatch
-    <= 0.5.12; ScheduleBatch 0.5.13-0.5.15, read and cleared by ``ForwardBatch.init_new``).
-    ``"kwarg"``: ``TpModelWorker.forward_batch_generation(..., capture_hidden_mode=)`` (0.5.23;
-    ScheduleBatch has no such field, and an attribute set on it is silently ignored).
-    ``""``: neither, so the draft-extend could not get the target hidden states.
-    """
-    from sglang.srt.managers.tp_worker import TpModelWorker
-
-    if v2_input_kind() == "model_worker_batch":
-        from sglang.srt.managers.schedule_batch import ModelWorkerBatch
-
-        return "batch_field" if "capture_hidden_mode" in dataclass_field_names(ModelWorkerBatch) else ""
-    params = inspect.signature(inspect.unwrap(TpModelWorker.forward_batch_generation)).parameters
-    if "capture_hidden_mode" in params:
-        return "kwarg"
-    from sglang.srt.managers.schedule_batch import ScheduleBatch
-
-    return "batch_field" if "capture_hidden_mode" in dataclass_field_names(ScheduleBatch) else ""
-
-
-def target_graph_runner_attr(model_runner) -> str:
-    # 0.5.14 renamed ModelRunner.graph_runner -> decode_cuda_graph_runner.
-    return "decode_cuda_graph_runner" if hasattr(model_runner, "decode_cuda_graph_runner") else "graph_runner"
-
-
-def draft_contexts(worker) -> contextlib.ExitStack:
-    """The context managers upstream wraps every draft-model call in (TP group, MoE backends)."""
-    mod = v2_worker_module()
-    stack = contextlib.ExitStack()
-    dw = worker.draft_worker
-    tp_ctx = getattr(dw, "draft_tp_context", None)
-    if callable(tp_ctx) and hasattr(getattr(dw, "draft_runner", None), "tp_group"):
-        # <= 0.5.2x: per-worker callable taking the draft runner's tp_group.
-        stack.enter_context(tp_ctx(dw.draft_runner.tp_group))
-    elif hasattr(dw, "parallel_layout") and callable(getattr(mod, "draft_tp_context", None)):
-        # 0.5.23: module-level draft_tp_context(parallel_layout).
-        stack.enter_context(mod.draft_tp_context(dw.parallel_layout))
-    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
-        fn = getattr(mod, name, None)
-        if callable(fn):
-            stack.enter_context(fn())
-    return stack
-
-
-# --- end compat candidates ---
 
 
 def _torch():
@@ -179,7 +67,7 @@ def _is_plain_v2_worker(worker) -> bool:
     ok = _TYPE_OK.get(cls)
     if ok is None:
         try:
-            ok = _defines_forward(cls) is v2_worker_class()
+            ok = _defines_forward(cls) is compat.v2_worker_class()
         except Exception:  # noqa: BLE001 - module missing or odd class: not ours
             ok = False
         _TYPE_OK[cls] = ok
@@ -225,7 +113,7 @@ def _compute_unsupported_reason(worker) -> str | None:
     kv = worker.token_to_kv_pool_allocator.get_kvcache()
     if getattr(kv, "clear_unaccepted_c128_draft_states", None) is not None:
         return "compressed-KV target (draft-state cleanup not replicated)"
-    if not target_capture_channel():
+    if not compat.target_capture_channel():
         return "no way to request target hidden-state capture on this release"
     return None
 
@@ -338,7 +226,7 @@ def _target_decode(worker, batch, kind: str, bonus, window, ndt: int):
     # With spec_info=None nothing else asks for hidden states, so the mode must reach the
     # target through whichever channel this release reads (else the draft-extend gets None).
     call_kwargs = {}
-    if target_capture_channel() == "kwarg":
+    if compat.target_capture_channel() == "kwarg":
         call_kwargs["capture_hidden_mode"] = _capture_mode_for_target(worker)
     else:
         overrides["capture_hidden_mode"] = _capture_mode_for_target(worker)
@@ -378,8 +266,8 @@ def _record_stream(stream, *tensors) -> None:
 def forward_off(worker, batch, *args, **kwargs):
     """Run one decode step of ``worker`` without speculation (see module docstring)."""
     torch = _torch()
-    mod = v2_worker_module()
-    kind = v2_input_kind()
+    mod = compat.v2_worker_module()
+    kind = compat.v2_input_kind()
     GenerationBatchResult = mod.GenerationBatchResult
     EagleDraftInput = mod.EagleDraftInput
 
@@ -403,7 +291,7 @@ def forward_off(worker, batch, *args, **kwargs):
             type(worker).__name__, kind, int(batch.seq_lens.shape[0]), ndt, bool(st.get("graphs")),
         )
     draft_input = batch.spec_info
-    bonus = getattr(draft_input, draft_input_bonus_field(type(draft_input)))
+    bonus = getattr(draft_input, compat.draft_input_bonus_field(type(draft_input)))
     bs = int(batch.seq_lens.shape[0])
     window = _window_locs(worker, batch, ndt)
 
@@ -419,9 +307,9 @@ def forward_off(worker, batch, *args, **kwargs):
     predict = new_tokens.repeat_interleave(ndt)
     accept_lens = torch.ones(bs, dtype=torch.int32, device=new_tokens.device)
 
-    bonus_field = draft_input_bonus_field(EagleDraftInput)
-    di_fields = dataclass_field_names(EagleDraftInput)
-    res_fields = dataclass_field_names(GenerationBatchResult)
+    bonus_field = compat.draft_input_bonus_field(EagleDraftInput)
+    di_fields = compat.dataclass_field_names(EagleDraftInput)
+    res_fields = compat.dataclass_field_names(GenerationBatchResult)
     nd_kwargs = {bonus_field: new_tokens}
     if "new_seq_lens" not in res_fields:
         # <= 0.5.12: new_seq_lens + verify_done travel on the next draft input.
@@ -434,7 +322,7 @@ def forward_off(worker, batch, *args, **kwargs):
 
     keep_alive = [target_batch] if target_batch is not None else [window]
     result = GenerationBatchResult(
-        **only_fields(
+        **compat.only_fields(
             GenerationBatchResult,
             logits_output=logits_output,
             next_token_ids=predict,
@@ -464,7 +352,7 @@ def forward_off(worker, batch, *args, **kwargs):
         # The draft-extend plans on plan_stream and reads tensors made here on fwd_stream.
         plan_stream.wait_stream(fwd_stream)
         _record_stream(plan_stream, window, predict, accept_lens, batch.seq_lens)
-    with draft_contexts(worker):
+    with compat.draft_contexts(worker):
         dw._draft_extend_for_decode(batch, result)
     return result
 
@@ -481,7 +369,7 @@ def graph_guard(original: Callable, self, forward_batch, *args, **kwargs):
 
 
 def extra_hooks() -> list[tuple[str, str, Callable]]:
-    return [(t, "around", graph_guard) for t in graph_guard_targets()]
+    return [(t, "around", graph_guard) for t in compat.graph_guard_targets()]
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,7 +388,7 @@ def _offstep_graphs_enabled() -> bool:
 
 def offstep_graphs_unsupported() -> str | None:
     """Why this release cannot get off-step DECODE graphs (None: it can), from the installed classes."""
-    if v2_input_kind() != "model_worker_batch":
+    if compat.v2_input_kind() != "model_worker_batch":
         return "only implemented for the ModelWorkerBatch releases (<= 0.5.12); eager on this release"
     try:
         from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
@@ -571,7 +459,12 @@ def _capture_offstep_graphs(worker) -> dict:
         runner.capture_hidden_mode,
         used_gb,
     )
-    return {"attn_backend": backend, "runner": runner, "runner_attr": target_graph_runner_attr(mr), "gib": used_gb}
+    return {
+        "attn_backend": backend,
+        "runner": runner,
+        "runner_attr": compat.target_graph_runner_attr(mr),
+        "gib": used_gb,
+    }
 
 
 def prepare(worker) -> None:
@@ -603,20 +496,22 @@ def describe() -> dict[str, Any]:
     """What this adapter supports on the installed SGLang (for the CLI doctor)."""
     info: dict[str, Any] = {"adapter": "spec_v2", "hook": FORWARD_TARGET}
     try:
-        cls = v2_worker_class()
+        cls = compat.v2_worker_class()
     except Exception as exc:  # noqa: BLE001
         info.update(available=False, reason=f"{type(exc).__name__}: {exc}")
         return info
-    kind = v2_input_kind()
-    mod = v2_worker_module()
+    kind = compat.v2_input_kind()
+    mod = compat.v2_worker_module()
     info.update(
         available=True,
         input=kind,
         forward_params=list(inspect.signature(inspect.unwrap(cls.forward_batch_generation)).parameters)[1:],
-        bonus_field=draft_input_bonus_field(mod.EagleDraftInput),
-        new_seq_lens_on="result" if "new_seq_lens" in dataclass_field_names(mod.GenerationBatchResult) else "draft_input",
-        graph_guard=graph_guard_targets(),
-        target_capture=target_capture_channel(),
+        bonus_field=compat.draft_input_bonus_field(mod.EagleDraftInput),
+        new_seq_lens_on=(
+            "result" if "new_seq_lens" in compat.dataclass_field_names(mod.GenerationBatchResult) else "draft_input"
+        ),
+        graph_guard=compat.graph_guard_targets(),
+        target_capture=compat.target_capture_channel(),
         offstep_graphs=offstep_graphs_unsupported() or "capture DECODE graphs on a separate backend",
         topk_gt_1=(kind == "schedule_batch"),  # <= 0.5.12 routes topk > 1 to the v1 worker
         declines=["return_logprob", "return_hidden_states", "grammar", "DP attention", "PP", "TBO", "mamba/GDN"],

@@ -32,7 +32,6 @@ ready draft input.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from typing import Any, Callable
@@ -42,152 +41,6 @@ from .. import compat
 logger = logging.getLogger(__name__)
 
 WORKER_CLASS = "sglang.srt.speculative.eagle_worker.EAGLEWorker"
-
-
-# --- compat candidates ---------------------------------------------------------------
-# Version-dependent helpers for the lead to move into sglang_dynspec.compat.  All of them
-# feature-detect on the installed classes; none compares version strings.
-
-# GenerationBatchResult names, newest first: 0.5.12 / 0.5.11 / 0.5.9-0.5.10.
-_RESULT_COUNT_FIELDS = ("num_correct_drafts", "num_accepted_drafts", "num_accepted_tokens")
-_RESULT_PER_REQ_FIELDS = (
-    "num_correct_drafts_per_req_cpu",
-    "num_accepted_drafts_per_req_cpu",
-    "accept_length_per_req_cpu",
-)
-
-
-def _dataclass_field_names(cls) -> frozenset:
-    return frozenset(f.name for f in dataclasses.fields(cls))
-
-
-def last_token_ids(draft_input):
-    """Each request's newest output token (KV not written yet) on an EagleDraftInput."""
-    tokens = getattr(draft_input, "bonus_tokens", None)  # 0.5.12
-    if tokens is None:
-        tokens = getattr(draft_input, "verified_id", None)  # <= 0.5.11
-    return tokens
-
-
-def draft_extend_layout() -> str:
-    """Which draft-extend input the installed release uses.
-
-    ``extend_input``  0.5.12: separate ``EagleDraftExtendInput``; the worker returns the next
-                      ``EagleDraftInput``.
-    ``num_accepted``  0.5.11: ``EagleDraftInput`` with ``num_accepted_drafts/_tokens``.
-    ``accept_length`` 0.5.9/0.5.10: ``EagleDraftInput`` with ``accept_length`` (drafts only).
-    """
-    from sglang.srt.speculative import eagle_info
-
-    if hasattr(eagle_info, "EagleDraftExtendInput"):
-        return "extend_input"
-    names = _dataclass_field_names(eagle_info.EagleDraftInput)
-    if "num_accepted_tokens" in names and "num_accepted_drafts" in names:
-        return "num_accepted"
-    if "accept_length" in names:
-        return "accept_length"
-    raise RuntimeError("sglang-dynspec v1 adapter: unknown EagleDraftInput layout in this SGLang")
-
-
-def build_draft_extend_input(*, hidden_states, tokens, seq_lens, seq_lens_cpu, req_pool_indices):
-    """Draft-extend input for exactly one new token per request (zero accepted drafts).
-
-    ``tokens`` is the token just sampled by the target; ``hidden_states`` the target's hidden
-    state at the position before it (capture LAST of the off-step); ``seq_lens`` already
-    include the new position.  Upstream's kernel then derives position ``seq_lens - 1`` and
-    the next bonus token (= ``tokens``).
-    """
-    import torch
-    from sglang.srt.speculative import eagle_info
-
-    n = int(tokens.shape[0])
-    device = tokens.device
-    zeros = torch.zeros((n,), dtype=torch.int32, device=device)
-    layout = draft_extend_layout()
-    if layout == "extend_input":
-        return eagle_info.EagleDraftExtendInput(
-            hidden_states=hidden_states,
-            num_correct_drafts=zeros,
-            num_accept_tokens=zeros + 1,
-            num_accept_tokens_cpu=[1] * n,
-            input_ids=tokens,
-            seq_lens=seq_lens,
-            seq_lens_cpu=seq_lens_cpu,
-            req_pool_indices=req_pool_indices,
-        )
-    common = dict(
-        hidden_states=hidden_states,
-        verified_id=tokens,
-        seq_lens_for_draft_extend=seq_lens,
-        seq_lens_for_draft_extend_cpu=seq_lens_cpu,
-        req_pool_indices_for_draft_extend=req_pool_indices,
-    )
-    if layout == "num_accepted":
-        return eagle_info.EagleDraftInput(
-            num_accepted_drafts=zeros,
-            num_accepted_tokens=zeros + 1,
-            num_accepted_drafts_cpu=[0] * n,
-            num_accepted_tokens_cpu=[1] * n,
-            **common,
-        )
-    # accept_length counts accepted drafts; prepare_extend_after_decode adds the bonus.
-    return eagle_info.EagleDraftInput(accept_length=zeros, accept_length_cpu=[0] * n, **common)
-
-
-def result_kwargs(result_cls, *, bs: int) -> dict:
-    """Accepted-draft fields (all zero) under the installed GenerationBatchResult's names."""
-    names = _dataclass_field_names(result_cls)
-    out = {}
-    for f in _RESULT_COUNT_FIELDS:
-        if f in names:
-            out[f] = 0
-            break
-    else:
-        raise RuntimeError("sglang-dynspec v1 adapter: GenerationBatchResult has no accepted-draft count field")
-    for f in _RESULT_PER_REQ_FIELDS:
-        if f in names:
-            out[f] = [0] * bs
-            break
-    return out
-
-
-def spec_contexts(worker):
-    """The context managers upstream enters around every draft-model forward."""
-    from sglang.srt.speculative import eagle_worker as ew
-
-    stack = contextlib.ExitStack()
-    tp_ctx = getattr(worker, "draft_tp_context", None)
-    if tp_ctx is not None:
-        stack.enter_context(tp_ctx(worker.draft_model_runner.tp_group))
-    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
-        fn = getattr(ew, name, None)  # imported into eagle_worker's namespace in every release
-        if fn is not None:
-            stack.enter_context(fn())
-    return stack
-
-
-def _target_is_hybrid(worker) -> bool:
-    mr = worker.target_worker.model_runner
-    return any(
-        getattr(mr, a, None) is not None
-        for a in ("hybrid_gdn_config", "mamba2_config", "hybrid_lightning_config")
-    )
-
-
-def _draft_extend_hidden_width(worker):
-    """Width of the draft-extend graph's hidden buffer, or None (no graph / not found)."""
-    runner = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
-    if runner is None:
-        return None
-    buf = getattr(getattr(runner, "buffers", None), "hidden_states", None)  # 0.5.12
-    if buf is None:
-        buf = getattr(runner, "hidden_states", None)  # <= 0.5.11
-    if buf is None or getattr(buf, "ndim", 0) != 2:
-        return None
-    return int(buf.shape[1])
-
-
-# --- end compat candidates -----------------------------------------------------------
 
 
 def _as_list(x):
@@ -214,9 +67,9 @@ def decode_batch_size(worker, batch) -> int | None:
     spec_info = getattr(batch, "spec_info", None)
     if spec_info is None or getattr(spec_info, "topk_p", None) is None:
         return None
-    if last_token_ids(spec_info) is None:
+    if compat.last_token_ids(spec_info) is None:
         return None
-    if _target_is_hybrid(worker):
+    if compat._target_is_hybrid(worker):
         return None
     n = len(batch.reqs)
     return n if n > 0 else None
@@ -232,7 +85,7 @@ def forward_off(worker, batch, *args, **kwargs):
     reqs = batch.reqs
     bs = len(reqs)
     draft_input = batch.spec_info
-    last = last_token_ids(draft_input)
+    last = compat.last_token_ids(draft_input)
 
     # 1. What the spec path's decode preprocessing does besides drafting.
     orch = batch.sampling_info.penalizer_orchestrator
@@ -304,14 +157,14 @@ def forward_off(worker, batch, *args, **kwargs):
 
         hidden = None if worker.speculative_algorithm.is_standalone() else logits_output.hidden_states
         if hidden is not None:
-            width = _draft_extend_hidden_width(worker)
+            width = compat._draft_extend_hidden_width(worker)
             if width is not None and hidden.shape[1] != width:
                 # The draft-extend graph would silently keep a stale buffer; refuse instead.
                 raise RuntimeError(
                     f"sglang-dynspec: off-step target hidden width {hidden.shape[1]} != "
                     f"draft-extend buffer width {width}"
                 )
-        extend_input = build_draft_extend_input(
+        extend_input = compat.build_draft_extend_input(
             hidden_states=rows(hidden),
             tokens=rows(next_token_ids).to(torch.int32),
             seq_lens=rows(batch.seq_lens),
@@ -321,7 +174,7 @@ def forward_off(worker, batch, *args, **kwargs):
         batch.out_cache_loc = rows(out_cache_loc)
         batch.spec_info = extend_input
         batch.forward_mode = ForwardMode.DECODE
-        with spec_contexts(worker):
+        with compat.spec_contexts(worker):
             next_draft_input = worker.forward_draft_extend_after_decode(batch)
         if next_draft_input is not None:  # 0.5.12 returns it; older releases mutate in place
             batch.spec_info = next_draft_input
@@ -331,7 +184,7 @@ def forward_off(worker, batch, *args, **kwargs):
     # (routed experts, metrics events) by filling in the same object.
     if not isinstance(target_result, GenerationBatchResult):
         raise RuntimeError(f"sglang-dynspec: unexpected target result {type(target_result).__name__}")
-    for name, value in result_kwargs(GenerationBatchResult, bs=bs).items():
+    for name, value in compat.result_kwargs(GenerationBatchResult, bs=bs).items():
         setattr(target_result, name, value)
     return target_result
 
@@ -421,10 +274,10 @@ def describe(worker=None) -> dict:
         "graph_guard": compat.graph_guard_target(),
     }
     try:
-        info["draft_extend_layout"] = draft_extend_layout()
+        info["draft_extend_layout"] = compat.draft_extend_layout()
         from sglang.srt.managers.utils import GenerationBatchResult
 
-        info["result_fields"] = sorted(result_kwargs(GenerationBatchResult, bs=0))
+        info["result_fields"] = sorted(compat.result_kwargs(GenerationBatchResult, bs=0))
     except Exception as exc:  # doctor output: report, never raise
         info["error"] = f"{type(exc).__name__}: {exc}"
     if worker is not None:

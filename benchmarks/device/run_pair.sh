@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# One 600 s device call: build the realistic pair (trained target + EAGLE-3 draft, no downloads),
+# then run the harness sweep `off` vs `on` on it through run_sweep.sh (bundle unpack, wheel
+# install, server logs and report are that script's). See benchmarks/models/PAIR.md.
+#
+# Usage, from the repository root (carry .gpu-bundle and dist):
+#   bash benchmarks/device/run_pair.sh [extra harness args, e.g. --temperature 0.7]
+# Env knobs:
+#   DYNSPEC_PAIR_TARGET   padded (default: 2.68B-parameter step cost, same function) | honest (220M)
+#   DYNSPEC_PAIR_TARGET_S target training seconds (default 130)
+#   DYNSPEC_PAIR_DRAFT_S  draft training seconds (default 70)
+#   DYNSPEC_PAIR_END_S    seconds after start when no new level starts (default 570)
+#   DYNSPEC_PAIR_C        concurrency levels (default 1,2,5,10,30,70,100,250)
+#   DYNSPEC_PAIR_DIR      where the pair is written (default /tmp/pair; weights never come back)
+#   DYNSPEC_PAIR_BUILD_ARGS extra build_pair arguments, word-split (e.g. toy sizes for a dry run)
+#   DYNSPEC_SITE, DYNSPEC_BUNDLE, OUT as in run_sweep.sh
+#
+# Planned time (s from start): build ≈ 250 (corpus+tokenizer+encode ≈ 25, target 130, draft 70,
+# padded export ≈ 10, greedy/offline checks ≈ 5, imports ≈ 10); servers off+on start together
+# ≈ 75 → ready ≈ 330; correctness + 8 levels × 2 modes ≈ 200 → ≈ 530; no new level after 570;
+# stop + pack ≈ 15.
+set -uo pipefail
+
+T0=$(date +%s)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO" || exit 2
+OUT=${OUT:-$REPO/benchmarks/results/device-out}
+BUNDLE=${DYNSPEC_BUNDLE:-$REPO/.gpu-bundle}
+SITE=${DYNSPEC_SITE:-/tmp/site}
+PAIR=${DYNSPEC_PAIR_DIR:-/tmp/pair}
+KIND=${DYNSPEC_PAIR_TARGET:-padded}
+END_S=${DYNSPEC_PAIR_END_S:-570}
+LEVELS=${DYNSPEC_PAIR_C:-1,2,5,10,30,70,100,250}
+mkdir -p "$OUT"
+note() { echo "[run_pair +$(( $(date +%s) - T0 ))s] $*"; }
+
+case "$KIND" in
+  padded) PAD=(--pad-layers 48 --pad-intermediate 16384); MODEL=$PAIR/target-padded ;;
+  honest) PAD=(); MODEL=$PAIR/target ;;
+  *) echo "run_pair.sh: DYNSPEC_PAIR_TARGET must be padded|honest, got '$KIND'" >&2; exit 2 ;;
+esac
+if [ ! -f "$BUNDLE/site.tar.xz" ]; then
+  echo "run_pair.sh: no $BUNDLE/site.tar.xz (carry .gpu-bundle with the call)" >&2; exit 2
+fi
+
+# Unpack SGLang while the pair trains (CPU only); into a side folder first, because
+# run_sweep.sh skips its own unpack when $SITE/sglang exists and must never see half a tree.
+UNTAR_PID=
+if [ ! -d "$SITE/sglang" ]; then
+  ( rm -rf "$SITE.partial" && mkdir -p "$SITE.partial" && tar -C "$SITE.partial" -xJf "$BUNDLE/site.tar.xz" \
+      && rm -rf "$SITE" && mv "$SITE.partial" "$SITE" ) &
+  UNTAR_PID=$!
+fi
+
+# The builder needs torch, tokenizers and safetensors: the image has them; else use the bundle's.
+BUILD_PYPATH=$REPO
+if ! python3 -c "import torch, tokenizers, safetensors" 2>/dev/null; then
+  note "image python lacks tokenizers/safetensors: building with the bundle's site on the path"
+  [ -n "$UNTAR_PID" ] && wait "$UNTAR_PID"; UNTAR_PID=
+  BUILD_PYPATH=$REPO:$SITE
+fi
+
+note "building the pair ($KIND target) into $PAIR"
+rm -rf "$PAIR"; mkdir -p "$PAIR"
+PYTHONPATH=$BUILD_PYPATH PYTHONUNBUFFERED=1 python3 -m benchmarks.models.build_pair --out "$PAIR" \
+  --target-seconds "${DYNSPEC_PAIR_TARGET_S:-130}" --draft-seconds "${DYNSPEC_PAIR_DRAFT_S:-70}" "${PAD[@]}" \
+  ${DYNSPEC_PAIR_BUILD_ARGS:-} 2>&1 | tee "$OUT/pair-build.log"
+BUILD_RC=${PIPESTATUS[0]}
+cp "$PAIR/pair.json" "$OUT/pair-manifest.json" 2>/dev/null
+note "build exit $BUILD_RC"
+[ -n "$UNTAR_PID" ] && { wait "$UNTAR_PID" || note "background unpack failed; run_sweep.sh unpacks again"; }
+for f in "$MODEL/model.safetensors" "$PAIR/draft/model.safetensors" "$PAIR/prompts.json"; do
+  [ -f "$f" ] || { note "missing $f: no sweep"; exit 3; }
+done
+
+# C=250 needs a 256 graph and running-request cap; real weights, so no --load-format dummy.
+FLAGS="--skip-tokenizer-init --attention-backend triton --sampling-backend pytorch \
+--cuda-graph-bs 1 2 4 8 16 32 64 128 256 --max-running-requests 256"
+LEFT=$(( END_S - ($(date +%s) - T0) ))
+note "sweep off vs on, $LEFT s until the last level may start"
+DYNSPEC_NAME=pair-sweep DYNSPEC_BUDGET_S=$LEFT DYNSPEC_SITE=$SITE DYNSPEC_BUNDLE=$BUNDLE OUT=$OUT \
+  bash "$REPO/benchmarks/device/run_sweep.sh" sweep \
+  --model "$MODEL" --draft "$PAIR/draft" --prompts-file "$PAIR/prompts.json" --kind pair \
+  --modes off,on -C "$LEVELS" --input-len 256 --output-len 128 --max-requests 750 \
+  --common-flags "$FLAGS" "$@"
+RC=$?
+note "done (sweep exit $RC); $KIND target; manifest in $OUT/pair-manifest.json"
+exit "$RC"
