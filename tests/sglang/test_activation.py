@@ -26,6 +26,17 @@ def run_py(code: str, env_extra: dict, timeout=240) -> subprocess.CompletedProce
                           text=True, timeout=timeout)
 
 
+# SGLang's own argument parser with the plugins loaded (what launch_server builds); indented
+# like the test snippets it is prepended to, which run_py dedents as a whole.
+PARSER = """
+        import argparse
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        from sglang.srt.server_args import ServerArgs
+        p = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(p)
+"""
+
 CHECK = """
     import json
     from sglang_dynspec import activation, compat, runtime
@@ -103,13 +114,8 @@ def test_missing_target_fails_loudly(sglang_version):
 def test_cli_flags_mirror_settings(sglang_version):
     if sglang_version < FRAMEWORK:
         pytest.skip("--dynspec-* flags need the plugin framework (>= 0.5.11)")
-    code = """
-        import argparse, os, json
-        from sglang.srt.plugins import load_plugins
-        load_plugins()
-        from sglang.srt.server_args import ServerArgs
-        p = argparse.ArgumentParser()
-        ServerArgs.add_cli_args(p)
+    code = PARSER + """
+        import os, json
         args = p.parse_args(["--model-path", "x", "--speculative-algorithm", "EAGLE3",
                              "--speculative-draft-model-path", "y", "--dynspec-enabled",
                              "--dynspec-policy", "threshold", "--dynspec-policy-args", '{"n": 3}'])
@@ -129,13 +135,7 @@ def test_cli_flags_mirror_settings(sglang_version):
 def test_cli_flag_validation_same_as_env(sglang_version):
     if sglang_version < FRAMEWORK:
         pytest.skip("--dynspec-* flags need the plugin framework (>= 0.5.11)")
-    code = """
-        import argparse
-        from sglang.srt.plugins import load_plugins
-        load_plugins()
-        from sglang.srt.server_args import ServerArgs
-        p = argparse.ArgumentParser()
-        ServerArgs.add_cli_args(p)
+    code = PARSER + """
         args = p.parse_args(["--model-path", "x", "--dynspec-enabled", "--dynspec-sync-interval-steps", "0"])
         ServerArgs.from_cli_args(args)
         print("SERVED")
@@ -149,14 +149,8 @@ def test_incompatible_server_flags_refused(sglang_version):
     if sglang_version < FRAMEWORK:
         pytest.skip("--dynspec-* flags need the plugin framework (>= 0.5.11)")
 
-    code = """
-        import argparse
+    code = PARSER + """
         from unittest import mock
-        from sglang.srt.plugins import load_plugins
-        load_plugins()
-        from sglang.srt.server_args import ServerArgs
-        p = argparse.ArgumentParser()
-        ServerArgs.add_cli_args(p)
         args = p.parse_args(["--model-path", "x", "--dynspec-enabled"])
         # ServerArgs' own checks need the model's config on disk; the flag check runs on its result.
         with mock.patch.object(ServerArgs, "__post_init__", lambda self: None):
