@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import time
 from typing import Any
 
 from . import compat
@@ -34,7 +35,6 @@ class WorkerState:
         # Until an adapter provides forward_off, off decisions are recorded but not applied.
         self.forward_off = getattr(adapter, "forward_off", None) if adapter is not None else None
         self.decode_batch_size = getattr(adapter, "decode_batch_size", None) if adapter is not None else None
-        self.prepared = False
         self.stats_writer = None
         self.prometheus = None
         self.draft_tokens_per_step: int | None = None
@@ -154,7 +154,6 @@ def attach(scheduler: Any) -> WorkerState | None:
             prep(worker)
         except Exception:
             logger.exception("sglang-dynspec: adapter prepare() failed; off-steps stay eager")
-    st.prepared = True
     logger.warning(
         "sglang-dynspec: controlling %s worker (%s) with policy %r on tp rank %d/%d",
         path, type(worker).__name__, ctl.policy_name, tp_rank, tp_size,
@@ -199,11 +198,6 @@ def _forward(original, worker, batch, *args, **kwargs):
     if st.forward_off is None:
         st.off_not_applied += 1
         return original(worker, batch, *args, **kwargs)
-    if not st.prepared:
-        st.prepared = True
-        prep = getattr(st.adapter, "prepare", None)
-        if prep is not None:
-            prep(worker)
     result = st.forward_off(worker, batch, *args, **kwargs)
     result._dynspec_off = True  # lets the result hook skip acceptance accounting
     return result
@@ -264,8 +258,6 @@ _last_report = [float("-inf")]
 
 
 def _report(st: WorkerState) -> None:
-    import time
-
     now = time.monotonic()
     if now - _last_report[0] < 1.0:
         return
