@@ -16,6 +16,12 @@ from .modes import DEFAULT_COMMON_FLAGS, OPTIONAL_FLAGS, ServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Per-workload defaults of the fuzz subcommand (flags left unset take these).
+FUZZ_DEFAULTS = {
+    "switch": {"concurrency": [1, 8, 32, 128], "min_decode_steps": 2000, "max_seconds_per_c": 120.0},
+    "faults": {"concurrency": [256], "min_decode_steps": 10000, "max_seconds_per_c": 420.0},
+}
+
 PRESETS = {
     # The first H200 call: six Llama-8B-shaped servers do not fit in 139 GB at C=128
     # (≈104 GB of weights + ≈7 GB KV each), so they run as two waves of three. Requests are capped
@@ -171,11 +177,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_args(p)
     p.add_argument("--policy", default="random")
     p.add_argument("--variant", default="", help="mode variant for the dynspec and on servers, e.g. topk4")
-    p.add_argument("-C", "--concurrency", type=lambda t: _ints(t, "--concurrency"), default=[1, 8, 32, 128])
-    p.add_argument("--min-decode-steps", type=int, default=2000)
-    p.add_argument("--max-seconds-per-c", type=float, default=120.0)
+    p.add_argument("--workload", choices=list(FUZZ_DEFAULTS), default="switch",
+                   help="switch: uniform requests (off, on, dynspec servers); faults: mixed lengths, stop ids, "
+                        "aborts, chunked long prompts, radix hits, opt-outs (off and dynspec servers)")
+    p.add_argument("-C", "--concurrency", type=lambda t: _ints(t, "--concurrency"), default=None,
+                   help="default: 1,8,32,128 (switch), 256 (faults)")
+    p.add_argument("--min-decode-steps", type=int, default=None, help="default: 2000 (switch), 10000 (faults)")
+    p.add_argument("--max-seconds-per-c", type=float, default=None, help="default: 120 (switch), 420 (faults)")
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--chunked-prefill-size", type=int, default=512,
+                   help="faults: passed to both servers (unless --extra-flags sets it)")
+    p.add_argument("--long-prompt-len", type=int, default=1500, help="faults: the long prompts' length")
+    p.add_argument("--drain-s", type=float, default=30.0,
+                   help="faults: seconds in-flight requests get after a level stops before they are cut")
     p = sub.add_parser("offstep", help="step time with speculation forced off vs a plain server")
     _add_server_args(p)
     p.add_argument("--policy", default="never")
@@ -228,13 +243,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "fuzz":
         from .fuzz import FuzzConfig, run_fuzz
 
+        for key, val in FUZZ_DEFAULTS[args.workload].items():
+            if getattr(args, key) is None:
+                setattr(args, key, val)
+        extra = {}
+        if args.workload == "faults":
+            from .faults import FaultMix, kv_tokens_needed
+
+            mix = FaultMix(input_len=args.input_len, long_prompt_len=args.long_prompt_len)
+            if args.max_total_tokens is None:
+                args.max_total_tokens = kv_tokens_needed(max(args.concurrency), mix)
+            extra = {"fault_mix": mix, "chunked_prefill_size": args.chunked_prefill_size,
+                     "long_prompt_len": args.long_prompt_len, "drain_s": args.drain_s}
         cfg = FuzzConfig(server=_server_cfg(args, max(args.concurrency), name), policy=args.policy,
                          variant=args.variant, concurrency=args.concurrency,
                          min_decode_steps=args.min_decode_steps, output_len=args.output_len,
                          input_len=args.input_len, max_seconds_per_c=args.max_seconds_per_c,
                          out_dir=args.out_dir, name=name, log_dir=args.log_dir, base_port=args.base_port or 30100,
                          start_timeout_s=args.start_timeout, deadline=_deadline(args), seed=args.seed,
-                         level_margin_s=args.level_margin_s)
+                         level_margin_s=args.level_margin_s, workload=args.workload, **extra)
         rec = run_fuzz(cfg, full_argv)
         return 0 if rec["per_C"] else 1
     from .offstep import OffstepConfig, run_offstep

@@ -33,6 +33,10 @@ class RequestResult:
     finish_reason: str | None = None
     output_ids: list[int] = field(default_factory=list)
     phase: str | None = None
+    cached_tokens: int | None = None  # meta_info.cached_tokens (radix-cache hit length), when reported
+    # Intended client aborts (send_one's abort_after_chunks): such a request is neither ok nor an error.
+    aborted: bool = False
+    abort_landed: bool | None = None  # cut before its end (disconnect) / the server answered "abort" (endpoint)
 
     @property
     def tpot_s(self) -> float | None:
@@ -56,16 +60,50 @@ def _parse_finish(meta: dict) -> str | None:
     return fr
 
 
+def _finished(meta: dict) -> bool:
+    return meta.get("finish_reason") is not None
+
+
+async def _post_abort(session: aiohttp.ClientSession, base_url: str, rid: str) -> str | None:
+    """POST /abort_request {"rid": rid}; returns an error text, or None when the server took it."""
+    try:
+        async with session.post(base_url + "/abort_request", json={"rid": rid}) as resp:
+            body = await resp.text()
+            return None if resp.status == 200 else f"abort_request HTTP {resp.status}: {body[:200]}"
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        return f"abort_request {type(exc).__name__}: {exc}"[:300]
+
+
 async def send_one(
-    session: aiohttp.ClientSession, base_url: str, index: int, input_ids: list[int], params: dict, t0: float
+    session: aiohttp.ClientSession, base_url: str, index: int, input_ids: list[int], params: dict, t0: float,
+    *, abort_after_chunks: int | None = None, abort_via: str = "disconnect", rid: str | None = None,
 ) -> RequestResult:
+    """One streaming /generate request.
+
+    abort_after_chunks=k: abort the request on purpose once k chunks with tokens arrived (and it has
+    not finished): ``abort_via="disconnect"`` closes the connection (SGLang aborts a disconnected
+    stream), ``"endpoint"`` POSTs /abort_request with ``rid`` (sent as the request's rid) and reads on
+    until the server ends the stream. Such a result has ``aborted=True`` and is neither ok nor an error
+    (unless the abort POST itself failed).
+    """
+    if abort_after_chunks is not None:
+        if int(abort_after_chunks) < 1:
+            raise ValueError(f"abort_after_chunks must be >= 1, got {abort_after_chunks}")
+        if abort_via not in ("disconnect", "endpoint"):
+            raise ValueError(f"abort_via must be 'disconnect' or 'endpoint', got {abort_via!r}")
+        if abort_via == "endpoint" and not rid:
+            raise ValueError("abort_via='endpoint' needs a rid")
     res = RequestResult(index=index)
     start = time.perf_counter()
     res.start_s = start - t0
     payload = {"input_ids": input_ids, "sampling_params": params, "stream": True}
+    if rid is not None:
+        payload["rid"] = rid
     last_ids: list[int] = []
     concat: list[int] = []
     meta: dict = {}
+    chunks = 0
+    abort_sent = False
     try:
         async with session.post(base_url + "/generate", json=payload) as resp:
             if resp.status != 200:
@@ -80,15 +118,37 @@ async def send_one(
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
+                    if abort_sent:  # the server reports the abort we asked for as an error chunk
+                        res.aborted, res.abort_landed = True, True
+                        res.latency_s = time.perf_counter() - start
+                        res.output_ids, res.completion_tokens = last_ids, len(last_ids)
+                        return res
                     res.error = f"server error: {str(chunk['error'])[:300]}"
                     return res
                 ids = chunk.get("output_ids") or []
                 if ids and res.ttft_s is None:
                     res.ttft_s = time.perf_counter() - start
+                if ids:
+                    chunks += 1
                 last_ids = list(ids)
                 concat.extend(ids)
                 meta = chunk.get("meta_info") or meta
+                if (abort_after_chunks is not None and not abort_sent and chunks >= abort_after_chunks
+                        and not _finished(meta)):
+                    if abort_via == "disconnect":
+                        resp.close()  # drop the connection mid-stream: the server must abort the request
+                        res.aborted, res.abort_landed = True, True
+                        res.latency_s = time.perf_counter() - start
+                        res.output_ids, res.completion_tokens = last_ids, len(last_ids)
+                        return res
+                    abort_sent = True
+                    err = await _post_abort(session, base_url, rid)
+                    if err:
+                        res.error = err  # an HTTP failure of its own; the stream is still read to its end
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        if abort_sent:
+            res.aborted, res.abort_landed = True, True
+            return res
         res.error = f"{type(exc).__name__}: {exc}"[:300]
         return res
     res.latency_s = time.perf_counter() - start
@@ -101,6 +161,13 @@ async def send_one(
     res.spec_verify_ct = int(vct) if vct is not None else None
     acc = meta.get("spec_accept_length")
     res.spec_accept_length = float(acc) if acc is not None else None
+    ct = meta.get("cached_tokens")
+    res.cached_tokens = int(ct) if isinstance(ct, (int, float)) else None
+    if abort_after_chunks is not None:
+        # Intended abort: it finished before k chunks (not landed) or the server ended it with "abort".
+        res.aborted = True
+        res.abort_landed = res.finish_reason == "abort"
+        return res
     if res.finish_reason == "abort":
         res.error = f"aborted: {meta.get('finish_reason')}"
     elif n == 0:

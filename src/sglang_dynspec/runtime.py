@@ -41,7 +41,7 @@ class WorkerState:
         self.accepted_field: str | None = None
         self.off_not_applied = 0
         self.optout_rids: set = set()  # requests that asked for no speculation, still possibly running
-        self.optout_seen_running: set = set()
+        self.optout_absent: set = set()  # opt-outs not seen in any queue at the last check
         self.optout_not_honoured = 0  # opted-out batches the adapter could not run without speculation
 
     def snapshot(self) -> dict:
@@ -212,23 +212,34 @@ def around_v2_forward(original, worker, batch, *args, **kwargs):
 
 
 def _has_optout(st: WorkerState, batch, running_batch) -> bool:
-    """Whether a request of this batch opted out (only called while some opt-out may run)."""
+    """Whether a request of this batch opted out (only called while some opt-out may be live)."""
     # spec_v2 <= 0.5.12 receives a ModelWorkerBatch without reqs: its rows are the running batch's.
     reqs = getattr(batch, "reqs", None) or getattr(running_batch, "reqs", None) or ()
     rids = st.optout_rids
-    found = False
-    for r in reqs:
-        if r.rid in rids:
-            found = True
-            st.optout_seen_running.add(r.rid)
-    if st.optout_seen_running and st.controller.step % 512 == 0:
-        # Forget opt-outs that ran and are now neither running nor waiting (finished).
-        waiting = getattr(st.scheduler, "waiting_queue", ()) or ()
-        current = {r.rid for r in reqs} | {r.rid for r in waiting}
-        gone = st.optout_seen_running - current
-        rids -= gone
-        st.optout_seen_running -= gone
+    found = any(r.rid in rids for r in reqs)
+    if st.controller.step % 512 == 0:
+        _prune_optouts(st, reqs)
     return found
+
+
+def _prune_optouts(st: WorkerState, reqs) -> None:
+    """Forget opt-outs that finished, were aborted, or never ran (max_new_tokens=1).
+
+    A rid is dropped once it was absent from every queue dynspec can see at two checks in a
+    row (>= 512 decode steps apart), so a request in transit between queues is not lost.
+    """
+    sched = st.scheduler
+    current = {r.rid for r in reqs}
+    for q in (getattr(sched, "waiting_queue", None), getattr(sched, "grammar_queue", None),
+              getattr(getattr(sched, "running_batch", None), "reqs", None)):
+        current.update(r.rid for r in (q or ()))
+    chunked = getattr(sched, "chunked_req", None)
+    if chunked is not None:
+        current.add(chunked.rid)
+    absent = st.optout_rids - current
+    gone = absent & st.optout_absent
+    st.optout_rids -= gone
+    st.optout_absent = absent - gone
 
 
 def after_handle_generate(ret, scheduler, recv_req, *args, **kwargs):

@@ -90,13 +90,19 @@ def test_per_request_opt_out_forces_off(state):
     assert st.controller.stats["steps_forced_off"] == 1
 
 
-def test_opt_out_forgotten_after_it_finished(state):
+def test_opt_out_forgotten_once_gone_from_every_queue(state):
     st = state("always")
-    runtime.after_handle_generate(None, st.scheduler, NS(rid="r0", sampling_params=NS(custom_params={"dynspec": False})))
-    runtime.around_v1_forward(original, st.worker, batch(2))  # r0 seen running
-    st.controller.step = 1024  # next prune point
+    for rid in ("r0", "w0", "never-ran"):
+        runtime.after_handle_generate(None, st.scheduler, NS(rid=rid, sampling_params=NS(custom_params={"dynspec": False})))
+    st.scheduler.waiting_queue = [req("w0")]  # still queued: must be kept
+    runtime.around_v1_forward(original, st.worker, batch(2))  # r0 running; step 0 is a check
+    assert st.optout_rids == {"r0", "w0", "never-ran"}  # first absence only marks "never-ran"
+    st.controller.step = 512
+    runtime.around_v1_forward(original, st.worker, batch(2, prefix="q"))  # r0 finished
+    assert st.optout_rids == {"r0", "w0"}  # "never-ran" absent twice: dropped; r0 absent once
+    st.controller.step = 1024
     runtime.around_v1_forward(original, st.worker, batch(2, prefix="q"))
-    assert st.optout_rids == set()
+    assert st.optout_rids == {"w0"}
 
 
 def test_opt_out_that_cannot_be_honoured_is_counted(state):

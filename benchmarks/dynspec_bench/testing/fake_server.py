@@ -8,6 +8,14 @@ Behaviour is set by flags (the harness passes SGLang's, unknown ones are ignored
   FAKE_SGLANG_FLIP_AT         "idx": change output token idx of every request (simulated drift)
   FAKE_SGLANG_LEAK_LINES      print this many leak-report lines at start
   FAKE_SGLANG_ACCEPT          accept length reported when speculating (default 2.0)
+Like SGLang's /generate it honours sampling_params.max_new_tokens, stop_token_ids (unless ignore_eos;
+the matched token is the last output id, finish_reason {"type": "stop"}), a request `rid` with
+POST /abort_request (finish_reason {"type": "abort"}), and a client that closes the stream (the
+request stops and counts as aborted). sampling_params.custom_params {"dynspec": "off"} forces the
+simulated plugin off for that request's steps (counted in steps_forced_off). meta_info carries
+cached_tokens: the longest 16-token-block prefix seen in an earlier prompt (a radix-cache stand-in).
+/metrics serves sglang:num_requests_total, sglang:num_aborted_requests_total and, with the plugin
+enabled, sglang_dynspec_* counters.
 It also starts a sleeping child process, like SGLang's scheduler, to test process-group cleanup.
 """
 
@@ -56,15 +64,22 @@ class State:
         self.n_requests = 0
         self.stats_dir = os.environ.get("SGLANG_DYNSPEC_STATS_DIR") if os.environ.get("SGLANG_DYNSPEC_ENABLED") else None
         self.policy = os.environ.get("SGLANG_DYNSPEC_POLICY")
-        self.counters = {"decode_steps": 0, "steps_on": 0, "steps_off": 0, "switches": 0, "policy_errors": 0}
+        self.counters = {"decode_steps": 0, "steps_on": 0, "steps_off": 0, "switches": 0, "policy_errors": 0,
+                         "steps_forced_off": 0}
+        self.n_aborted = 0
+        self.abort_rids: set = set()
+        self.prefix_blocks: set = set()
         self.rng = random.Random(0)
         self.last_on = None
         self.spec_tokens = 0
         self.spec_verify = 0
 
-    def step(self):
+    def step(self, forced_off: bool = False):
         """One simulated decode step of the dynspec plugin (policy 'random' flips a coin)."""
         on = self.rng.random() < 0.5 if self.policy == "random" else self.policy not in ("never", None)
+        if forced_off:
+            on = False
+            self.counters["steps_forced_off"] += 1
         self.counters["decode_steps"] += 1
         self.counters["steps_on" if on else "steps_off"] += 1
         if self.last_on is not None and on != self.last_on:
@@ -98,7 +113,40 @@ async def server_info(request):
 
 async def metrics(request):
     st: State = request.app["state"]
-    return web.Response(text=f"# HELP fake\nsglang:num_requests_total{{model=\"x\"}} {st.n_requests}\n")
+    lab = 'model_name="x"'
+    lines = ["# HELP fake", f"sglang:num_requests_total{{{lab}}} {st.n_requests}",
+             f"sglang:num_aborted_requests_total{{{lab}}} {st.n_aborted}"]
+    if os.environ.get("SGLANG_DYNSPEC_ENABLED"):
+        c = st.counters
+        lines += ["# HELP sglang_dynspec_decode_steps_total Decode steps by mode",
+                  "# TYPE sglang_dynspec_decode_steps_total counter",
+                  f'sglang_dynspec_decode_steps_total{{mode="on",tp_rank="0"}} {float(c["steps_on"])}',
+                  f'sglang_dynspec_decode_steps_total{{mode="off",tp_rank="0"}} {float(c["steps_off"])}',
+                  f'sglang_dynspec_switches_total{{tp_rank="0"}} {float(c["switches"])}',
+                  f'sglang_dynspec_mode{{tp_rank="0"}} {1.0 if st.last_on else 0.0}']
+    return web.Response(text="\n".join(lines) + "\n")
+
+
+async def abort_request(request):
+    st: State = request.app["state"]
+    body = await request.json()
+    rid = body.get("rid")
+    if rid:
+        st.abort_rids.add(str(rid))
+    return web.Response(status=200)
+
+
+def _cached_tokens(st: State, ids: list[int], block: int = 16) -> int:
+    """Longest block-aligned prefix an earlier prompt shared (at most len-1, as a radix cache)."""
+    hit = 0
+    keys = []
+    for end in range(block, len(ids) + 1, block):
+        key = hash(tuple(ids[:end]))
+        keys.append(key)
+        if key in st.prefix_blocks and hit == end - block:
+            hit = end
+    st.prefix_blocks.update(keys)
+    return min(hit, len(ids) - 1)
 
 
 async def generate(request):
@@ -112,30 +160,57 @@ async def generate(request):
     n = int(sp.get("max_new_tokens", 16))
     if not isinstance(ids, list) or not ids:
         return web.json_response({"error": {"message": "input_ids required"}}, status=400)
+    rid = body.get("rid")
+    stop_ids = set() if sp.get("ignore_eos") else {int(t) for t in (sp.get("stop_token_ids") or [])}
+    custom = sp.get("custom_params")
+    optout = isinstance(custom, dict) and custom.get("dynspec") in ("off", False)
+    cached = _cached_tokens(st, ids)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     out: list[int] = []
-    await asyncio.sleep(st.delay)  # prefill
-    for i in range(n):
-        tok = token_for(ids, i)
-        if st.flip_at is not None and i == st.flip_at:
-            tok += 1
-        out.append(tok)
-        st.step()
-        meta = {"completion_tokens": len(out), "prompt_tokens": len(ids), "finish_reason": None}
-        if i == n - 1:
-            meta["finish_reason"] = {"type": "length", "length": n}
-            if st.spec:
-                vct = max(1, math.ceil(n / st.accept))
+    try:
+        await asyncio.sleep(st.delay)  # prefill
+        for i in range(n):
+            if rid is not None and rid in st.abort_rids:
+                st.abort_rids.discard(rid)
+                st.n_aborted += 1
+                meta = {"completion_tokens": len(out), "prompt_tokens": len(ids), "cached_tokens": cached,
+                        "finish_reason": {"type": "abort", "message": "Abort by request"}}
+                await resp.write(b"data: " + json.dumps({"output_ids": list(out), "meta_info": meta}).encode()
+                                 + b"\n\n")
+                break
+            tok = token_for(ids, i)
+            if st.flip_at is not None and i == st.flip_at:
+                tok += 1
+            out.append(tok)
+            st.step(forced_off=optout)  # one simulated step per token (the harness tests count on it)
+            meta = {"completion_tokens": len(out), "prompt_tokens": len(ids), "cached_tokens": cached,
+                    "finish_reason": None}
+            last = i == n - 1
+            if tok in stop_ids:
+                meta["finish_reason"] = {"type": "stop", "matched": tok}
+                last = True
+            elif last:
+                meta["finish_reason"] = {"type": "length", "length": n}
+            if last and st.spec:
+                k = len(out)
+                vct = max(1, math.ceil(k / st.accept))
                 meta["spec_verify_ct"] = vct
-                meta["spec_accept_length"] = n / vct
-                st.spec_tokens += n
+                meta["spec_accept_length"] = k / vct
+                st.spec_tokens += k
                 st.spec_verify += vct
-        await resp.write(b"data: " + json.dumps({"output_ids": list(out), "meta_info": meta}).encode() + b"\n\n")
-        if i < n - 1:
+            await resp.write(b"data: " + json.dumps({"output_ids": list(out), "meta_info": meta}).encode()
+                             + b"\n\n")
+            if last:
+                break
             await asyncio.sleep(st.delay)
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+    except (ConnectionResetError, ConnectionError):
+        st.n_aborted += 1  # the client went away mid-stream: SGLang aborts such a request
+    except asyncio.CancelledError:
+        st.n_aborted += 1
+        raise
     return resp
 
 
@@ -174,6 +249,7 @@ def main(argv=None):
     app.router.add_get("/get_server_info", server_info)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/generate", generate)
+    app.router.add_post("/abort_request", abort_request)
     app.cleanup_ctx.append(stats_writer)
     print(f"fake sglang on {st.args.host}:{st.args.port} spec={st.spec} policy={st.policy}", flush=True)
     web.run_app(app, host=st.args.host, port=st.args.port, print=None)
