@@ -23,7 +23,7 @@ from .loadgen import closed_loop, first_errors, sampling_params
 from .modes import parse_mode, stats_dir_for
 from .prompts import PromptSource
 from .runconfig import RunConfig
-from .results import base_record, phase, validate, write_json
+from .results import base_record, finish, phase, write_json
 from .stats import read_stats
 from .wave import log, running_modes
 
@@ -116,11 +116,7 @@ def run_fuzz(cfg: FuzzConfig, argv: list[str] | None = None) -> dict:
     except RuntimeError as exc:
         rec["errors"]["run"] = str(exc)
         log(str(exc))
-    try:
-        validate(rec)
-    except ValueError as exc:
-        rec["validation_error"] = str(exc)
-    write_json(json_path, rec)
+    finish(json_path, rec)
     log(f"wrote {json_path}")
     return rec
 
@@ -258,11 +254,7 @@ def run_faults(cfg: FuzzConfig, argv: list[str] | None = None) -> dict:
     except RuntimeError as exc:
         rec["errors"]["run"] = str(exc)
         log(str(exc))
-    try:
-        validate(rec)
-    except ValueError as exc:
-        rec["validation_error"] = str(exc)
-    write_json(json_path, rec)
+    finish(json_path, rec)
     log(f"wrote {json_path}")
     return rec
 

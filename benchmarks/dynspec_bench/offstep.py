@@ -9,7 +9,7 @@ from pathlib import Path
 from .loadgen import closed_loop, sampling_params, summarize
 from .modes import parse_mode, worker_path_guess
 from .prompts import PromptSource
-from .results import base_record, phase, validate, write_json
+from .results import base_record, finish, phase, write_json
 from .runconfig import RunConfig
 from .wave import log, running_modes
 
@@ -71,10 +71,6 @@ def run_offstep(cfg: OffstepConfig, argv: list[str] | None = None) -> dict:
                 write_json(json_path, rec)
         else:
             rec["errors"]["run"] = f"servers failed to start: {sorted({plain_m.name, dyn_m.name} - set(live))}"
-    try:
-        validate(rec)
-    except ValueError as exc:
-        rec["validation_error"] = str(exc)
-    write_json(json_path, rec)
+    finish(json_path, rec)
     log(f"wrote {json_path}")
     return rec

@@ -181,6 +181,15 @@ def phase(record: dict, name: str):
         record.setdefault("phase_times_s", {})[name] = round(time.monotonic() - t0, 3)
 
 
+def finish(path: str | Path, record: dict) -> Path:
+    """Validate (a problem is recorded in the file, not raised: the numbers still count) and write."""
+    try:
+        validate(record)
+    except ValueError as exc:
+        record["validation_error"] = str(exc)
+    return write_json(path, record)
+
+
 def write_json(path: str | Path, record: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
