@@ -49,6 +49,7 @@ def _doctor(args) -> int:
         from .activation import planned_hooks
 
         print("hook targets:")
+        no_cuda = False
         for h in planned_hooks(v):
             try:
                 compat.resolve(h.target)
@@ -56,7 +57,12 @@ def _doctor(args) -> int:
             except Exception as e:
                 state = f"MISSING ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
                 ok = False
+                if "sgl_kernel" in str(e) or "libcuda" in str(e):
+                    no_cuda = True
             print(f"  [{h.kind:6}] {h.target}: {state}")
+        if no_cuda:
+            print("  note: SGLang's kernels (sgl_kernel) need the CUDA driver; on a machine without one its"
+                  " workers cannot be imported, so these targets can only resolve on a GPU server")
         for path in ("v1", "spec_v2"):
             if path == "v1" and not compat.has_v1_worker(v):
                 continue

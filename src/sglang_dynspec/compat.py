@@ -13,7 +13,6 @@ import importlib.metadata
 import importlib.util
 import inspect
 import os
-import pkgutil
 from functools import lru_cache
 
 from packaging.version import Version
@@ -124,10 +123,25 @@ def graph_guard_target(v: Version | None = None) -> str:
 
 
 def resolve(target: str):
-    """(owner object, attribute name, current value) of a dotted target; imports its module."""
+    """(owner object, attribute name, current value) of a dotted target; imports its module.
+
+    Unlike pkgutil.resolve_name, an import that fails inside SGLang (e.g. its kernels needing a
+    CUDA driver) surfaces with its real cause instead of as a missing attribute.
+    """
     obj_path, attr = target.rsplit(".", 1)
-    owner = pkgutil.resolve_name(obj_path)
-    return owner, attr, getattr(owner, attr)
+    parts = obj_path.split(".")
+    for i in range(len(parts), 0, -1):
+        mod_name = ".".join(parts[:i])
+        try:
+            obj = importlib.import_module(mod_name)
+        except ModuleNotFoundError as e:
+            if e.name == mod_name:  # that prefix is a class or attribute, not a module: go shorter
+                continue
+            raise
+        for p in parts[i:]:
+            obj = getattr(obj, p)
+        return obj, attr, getattr(obj, attr)
+    raise ModuleNotFoundError(f"no importable module in {obj_path}")
 
 
 def first_field(cls, names) -> str | None:

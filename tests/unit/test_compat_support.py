@@ -82,3 +82,19 @@ def test_dataclass_field_helpers():
     assert compat.result_kwargs(Result, bs=2) == {"num_accepted_drafts": 0, "num_accepted_drafts_per_req_cpu": [0, 0]}
     with pytest.raises(RuntimeError, match="no accepted-draft count field"):
         compat.result_kwargs(OldDraftInput, bs=1)
+
+
+def test_resolve_surfaces_the_real_import_error(tmp_path, monkeypatch):
+    pkg = tmp_path / "fakepkg_dynspec"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "good.py").write_text("class Worker:\n    def forward(self):\n        return 1\n")
+    (pkg / "broken.py").write_text("import no_such_kernel_lib\nclass Worker:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    owner, attr, value = compat.resolve("fakepkg_dynspec.good.Worker.forward")
+    assert owner.__name__ == "Worker" and attr == "forward" and callable(value)
+    with pytest.raises(ModuleNotFoundError) as e:
+        compat.resolve("fakepkg_dynspec.broken.Worker.forward")
+    assert e.value.name == "no_such_kernel_lib"  # not "module has no attribute 'broken'"
+    with pytest.raises(AttributeError):
+        compat.resolve("fakepkg_dynspec.good.Worker.no_such_method")
