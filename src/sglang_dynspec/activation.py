@@ -7,7 +7,6 @@ missing one stops the process with one clear error (ActivationError is a SystemE
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -27,15 +26,6 @@ class Hook:
     why: str
 
 
-def _adapter_hooks(path: str) -> list[Hook]:
-    try:
-        mod = importlib.import_module(runtime.ADAPTER_MODULES[path])
-    except ImportError:
-        return []
-    extra = getattr(mod, "extra_hooks", None)
-    return [Hook(t, k, f, f"{path} adapter") for t, k, f in (extra() if extra else [])]
-
-
 def planned_hooks(version=None) -> list[Hook]:
     """The hooks for the installed (or given) release."""
     hooks = [
@@ -43,15 +33,11 @@ def planned_hooks(version=None) -> list[Hook]:
         Hook(compat.result_decode_target(version), "after", runtime.after_process_decode, "acceptance stats"),
         Hook(compat.V2_FORWARD, "around", runtime.around_v2_forward, "decide per decode batch (spec_v2)"),
         Hook(compat.HANDLE_GENERATE, "after", runtime.after_handle_generate, "per-request opt-out"),
+        Hook(compat.graph_guard_target(version), "around", runtime.around_graph_can_run,
+             "no verify-graph replay for an off-step decode"),
     ]
     if compat.has_v1_worker(version):
         hooks.append(Hook(compat.V1_FORWARD, "around", runtime.around_v1_forward, "decide per decode batch (v1)"))
-    seen = {h.target for h in hooks}
-    for path in ("spec_v2", "v1") if compat.has_v1_worker(version) else ("spec_v2",):
-        for h in _adapter_hooks(path):
-            if h.target not in seen:  # both adapters may guard the same graph runner
-                hooks.append(h)
-                seen.add(h.target)
     return hooks
 
 

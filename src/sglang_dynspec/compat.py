@@ -221,27 +221,6 @@ def draft_input_bonus_field(draft_input_cls) -> str:
     return "bonus_tokens" if "bonus_tokens" in names else "verified_id"
 
 
-def graph_guard_targets() -> list[str]:
-    """Dotted ``can_run`` targets of the target-model decode graph runner, newest layout first.
-    Only modules that exist in the installed release are returned (find_spec, no import)."""
-    candidates = [
-        # >= 0.5.14
-        ("sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner.can_run_graph"),
-        # <= 0.5.13
-        ("sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner.can_run"),
-    ]
-    out = []
-    for mod, attr in candidates:
-        try:
-            found = importlib.util.find_spec(mod) is not None
-        except (ImportError, ValueError):
-            found = False
-        if found:
-            out.append(f"{mod}.{attr}")
-            break  # the newer runner replaces the older one; hook only the live one
-    return out
-
-
 @lru_cache(maxsize=None)
 def target_capture_channel() -> str:
     """How the target forward is told which hidden states to capture.

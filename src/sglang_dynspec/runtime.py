@@ -254,6 +254,20 @@ def after_handle_generate(ret, scheduler, recv_req, *args, **kwargs):
     return None
 
 
+def around_graph_can_run(original, runner, forward_batch, *args, **kwargs):
+    """No verify-graph replay for a plain DECODE batch (both worker paths, every release).
+
+    With speculation on, the target runner captured only TARGET_VERIFY graphs sized
+    ``bs * num_draft_tokens``; replaying one for an off-step decode fails with shape errors
+    ("tensor a (160) must match tensor b (2)").  Everything else defers to SGLang.
+    """
+    mode = getattr(forward_batch, "forward_mode", None)
+    captured = getattr(runner, "capture_forward_mode", None)
+    if mode is not None and captured is not None and mode.is_decode() and captured.is_target_verify():
+        return False
+    return original(runner, forward_batch, *args, **kwargs)
+
+
 def after_process_decode(ret, processor, batch, result, *args, **kwargs):
     st = STATE
     if st is None or getattr(result, "_dynspec_off", False) or st.accepted_field is None:

@@ -185,47 +185,8 @@ def _fm():
     return ForwardMode
 
 
-def test_guard_refuses_decode_on_a_verify_runner(v1):
-    FM = _fm()
-    called = []
-
-    def original(self, fb):
-        called.append(fb)
-        return True
-
-    verify_runner = SimpleNamespace(capture_forward_mode=FM.TARGET_VERIFY)
-    decode_runner = SimpleNamespace(capture_forward_mode=FM.DECODE)
-    assert v1.can_run_guard(original, verify_runner, SimpleNamespace(forward_mode=FM.DECODE)) is False
-    assert called == []
-    for mode in (FM.TARGET_VERIFY, FM.IDLE, FM.EXTEND):
-        assert v1.can_run_guard(original, verify_runner, SimpleNamespace(forward_mode=mode)) is True
-    assert v1.can_run_guard(original, decode_runner, SimpleNamespace(forward_mode=FM.DECODE)) is True
-    assert len(called) == 4
-
-
-def _expected_graph_runner(sglang_version):
-    """(module, class, can-run method) of the target decode graph runner, by release."""
-    from packaging.version import Version
-
-    if Version(sglang_version.base_version) >= Version("0.5.14"):
-        return "sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner", "can_run_graph"
-    return "sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner", "can_run"
-
-
-def test_extra_hooks_target_resolves_to_can_run(v1, sglang_version):
-    import importlib
-    import pkgutil
-
-    mod, cls_name, method = _expected_graph_runner(sglang_version)
-    cls = getattr(importlib.import_module(mod), cls_name)
-    [(target, kind, fn)] = v1.extra_hooks()
-    owner, attr = target.rsplit(".", 1)
-    assert pkgutil.resolve_name(owner) is cls and attr == method
-    assert callable(getattr(cls, method))
-    assert kind == "around" and fn is v1.can_run_guard
-    # The guard reads capture_forward_mode; the runner must set it to TARGET_VERIFY under spec.
-    assert "self.capture_forward_mode = ForwardMode.TARGET_VERIFY" in inspect.getsource(cls.__init__)
-    assert v1.describe()["graph_guard"] == target
+def test_describe_names_the_shared_graph_guard(v1):
+    assert v1.describe()["graph_guard"] == compat.graph_guard_target()
 
 
 # --- decode_batch_size -----------------------------------------------------------

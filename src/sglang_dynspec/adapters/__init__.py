@@ -1,7 +1,9 @@
 """Adapters: what "speculation off" means on each SGLang worker path.
 
 One module per worker path (`spec_v2.py` for `EAGLEWorkerV2`, `v1.py` for `EAGLEWorker`).
-Each module exposes the same small contract, which `sglang_dynspec.activation` drives:
+Each module exposes the same small contract, which `sglang_dynspec.runtime` drives.  The guard
+that keeps a plain decode batch away from verify-only CUDA graphs is shared by both paths and
+lives in `runtime.around_graph_can_run`.
 
 ``decode_batch_size(worker, batch) -> int | None``
     Number of decode rows when ``batch`` (exactly what ``forward_batch_generation`` received)
@@ -12,11 +14,6 @@ Each module exposes the same small contract, which `sglang_dynspec.activation` d
     Run the step without speculation: plain one-token target decode + minimal draft KV sync,
     returning the result object the installed release's scheduler expects.  ``args``/``kwargs``
     are the remaining arguments of ``forward_batch_generation`` (e.g. ``on_publish``).
-
-``extra_hooks() -> list[tuple[str, str, Callable]]``
-    Further (dotted target, "around" | "after", function) hooks the adapter needs, e.g. a guard
-    that keeps a plain decode batch away from verify-only CUDA graphs.  Targets come from
-    :mod:`sglang_dynspec.compat`.
 
 ``prepare(worker) -> None``
     Optional one-time setup on the first decode step of a worker (e.g. capturing graphs).

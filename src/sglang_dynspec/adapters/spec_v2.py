@@ -31,7 +31,7 @@ import dataclasses
 import inspect
 import logging
 import os
-from typing import Any, Callable
+from typing import Any
 
 from .. import compat
 
@@ -361,17 +361,6 @@ def forward_off(worker, batch, *args, **kwargs):
 # CUDA graph guard (step 1): a TARGET_VERIFY runner must never replay a plain DECODE batch.
 
 
-def graph_guard(original: Callable, self, forward_batch, *args, **kwargs):
-    cfm = getattr(self, "capture_forward_mode", None)
-    if cfm is not None and cfm.is_target_verify() and forward_batch.forward_mode.is_decode():
-        return False
-    return original(self, forward_batch, *args, **kwargs)
-
-
-def extra_hooks() -> list[tuple[str, str, Callable]]:
-    return [(t, "around", graph_guard) for t in compat.graph_guard_targets()]
-
-
 # --------------------------------------------------------------------------------------------
 # Off-step DECODE graphs (step 2), model-worker-batch family only, where the runner takes its
 # own attention backend (0.5.12 checked; not 0.5.9).
@@ -510,7 +499,7 @@ def describe() -> dict[str, Any]:
         new_seq_lens_on=(
             "result" if "new_seq_lens" in compat.dataclass_field_names(mod.GenerationBatchResult) else "draft_input"
         ),
-        graph_guard=compat.graph_guard_targets(),
+        graph_guard=compat.graph_guard_target(),
         target_capture=compat.target_capture_channel(),
         offstep_graphs=offstep_graphs_unsupported() or "capture DECODE graphs on a separate backend",
         topk_gt_1=(kind == "schedule_batch"),  # <= 0.5.12 routes topk > 1 to the v1 worker

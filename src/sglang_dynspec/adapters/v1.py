@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Callable
+from typing import Any
 
 from .. import compat
 
@@ -210,26 +210,6 @@ def _append_logprobs(reqs, tokens_cpu, logits_output) -> None:
 
 
 # --- CUDA graph guard ----------------------------------------------------------------
-
-
-def can_run_guard(original, self, forward_batch, *args, **kwargs):
-    """AROUND the target graph runner's can-run check (``compat.graph_guard_target()``):
-    no verify-graph replay for a DECODE batch.  Both runner layouts set ``capture_forward_mode``.
-
-    With speculation on, the target runner captured only TARGET_VERIFY graphs sized
-    ``bs * num_draft_tokens``; replaying one for a plain decode batch fails with shape
-    errors ("tensor a (160) must match tensor b (2)").  Everything else defers.
-    """
-    mode = getattr(forward_batch, "forward_mode", None)
-    captured = getattr(self, "capture_forward_mode", None)
-    if mode is not None and captured is not None and mode.is_decode() and captured.is_target_verify():
-        return False
-    return original(self, forward_batch, *args, **kwargs)
-
-
-def extra_hooks() -> list[tuple[str, str, Callable]]:
-    # The runner class moved in 0.5.14; a target from the wrong layout would fail activation.
-    return [(compat.graph_guard_target(), "around", can_run_guard)]
 
 
 # --- optional off-step decode graphs -------------------------------------------------
