@@ -194,8 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("offstep", help="step time with speculation forced off vs a plain server")
     _add_server_args(p)
     p.add_argument("--policy", default="never")
-    p.add_argument("--variant", default="")
+    p.add_argument("--variant", default="",
+                   help="mode variant(s) of the dynspec server, e.g. topk4; comma-separated for several servers")
     p.add_argument("--batch-sizes", type=lambda t: _ints(t, "--batch-sizes"), default=[1, 8, 32, 128])
+    p.add_argument("--profile-bs", type=lambda t: _ints(t, "--profile-bs"), default=[],
+                   help="also profile every server at these batch sizes (SGLang /start_profile)")
+    p.add_argument("--profile-steps", type=int, default=30, help="decode steps per profile")
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=512)
     p.add_argument("--requests-factor", type=int, default=2)
@@ -270,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                         variant=args.variant, policy=args.policy, output_len=args.output_len,
                         input_len=args.input_len, requests_factor=args.requests_factor, out_dir=args.out_dir,
                         name=name, log_dir=args.log_dir, base_port=args.base_port or 30200, start_timeout_s=args.start_timeout,
-                        deadline=_deadline(args), seed=args.seed, level_margin_s=args.level_margin_s)
+                        deadline=_deadline(args), seed=args.seed, level_margin_s=args.level_margin_s,
+                        profile_bs=args.profile_bs, profile_steps=args.profile_steps)
     rec = run_offstep(cfg, full_argv)
     return 0 if rec["per_bs"] else 1

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .loadgen import closed_loop, sampling_params, summarize
 from .modes import parse_mode, worker_path_guess
+from .profile import profile_server, summary_line
 from .prompts import PromptSource
 from .results import base_record, finish, phase, write_json
 from .runconfig import RunConfig
@@ -23,6 +24,9 @@ class OffstepConfig(RunConfig):
     warmup_tokens: int = 32
     name: str = "offstep"
     base_port: int = 30200
+    # Batch sizes at which both servers are also profiled (SGLang's /start_profile), and for how many steps.
+    profile_bs: list[int] = field(default_factory=list)
+    profile_steps: int = 30
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
@@ -36,41 +40,75 @@ def _step_ms(base_url: str, prompts: PromptSource, bs: int, cfg: OffstepConfig, 
     return summarize(res, wall)
 
 
+def _variants(text: str) -> list[str]:
+    """``--variant`` holds one variant spec or several, comma-separated (one dynspec server each)."""
+    return [v.strip() for v in (text or "").split(",")] or [""]
+
+
+def _profile_level(rec: dict, cfg: OffstepConfig, live: dict, modes, prompts: PromptSource, bs: int,
+                   log_dir: Path, salt: int) -> None:
+    """Profile every live server at batch size ``bs`` (same prompts), into rec['profile'][mode][bs]."""
+    batch = prompts.take(bs, salt=salt)
+    for m in modes:
+        if m.name not in live:
+            continue
+        tag = f"prof-{m.name.replace(':', '_').replace('@', '_').replace('+', '_')}-bs{bs}"
+        with phase(rec, f"profile:{m.name}:bs={bs}"):
+            res = profile_server(live[m.name].base_url, batch, log_dir / "profiles", tag,
+                                 num_steps=cfg.profile_steps)
+        rec.setdefault("profile", {}).setdefault(m.name, {})[str(bs)] = res
+        log("profile " + summary_line(res))
+
+
 def run_offstep(cfg: OffstepConfig, argv: list[str] | None = None) -> dict:
-    suffix = f"@{cfg.variant}" if cfg.variant else ""
-    plain_m = parse_mode("off" + ("@nooverlap" if "nooverlap" in cfg.variant else ""))
-    dyn_m = parse_mode(f"dynspec:{cfg.policy}{suffix}")
+    variants = _variants(cfg.variant)
+    plain_m = parse_mode("off" + ("@nooverlap" if any("nooverlap" in v for v in variants) else ""))
+    dyn_ms = [parse_mode(f"dynspec:{cfg.policy}" + (f"@{v}" if v else "")) for v in variants]
+    modes = [plain_m, *dyn_ms]
     out_dir = Path(cfg.out_dir)
     json_path = out_dir / f"{cfg.name}.json"
     rec = base_record("offstep", cfg.server.model, argv)
-    shape = dyn_m.shape
+    shape = dyn_ms[0].shape
     rec.update({"policy": cfg.policy, "topk": shape["topk"], "num_steps": shape["num_steps"],
                 "num_draft_tokens": shape["num_draft_tokens"], "per_bs": {}, "errors": {},
-                "worker_path": worker_path_guess(dyn_m, rec["sglang_version"]), "draft_model": cfg.server.draft,
+                "worker_path": worker_path_guess(dyn_ms[0], rec["sglang_version"]), "draft_model": cfg.server.draft,
                 "settings": {"output_len": cfg.output_len, "input_len": cfg.input_len,
-                             "requests_factor": cfg.requests_factor, "variant": cfg.variant}})
+                             "requests_factor": cfg.requests_factor, "variant": cfg.variant,
+                             "profile_bs": cfg.profile_bs, "profile_steps": cfg.profile_steps}})
+    if len(dyn_ms) > 1:
+        # per_bs is the first dynspec server's; per_mode has every one's (same fields).
+        rec["per_mode"] = {m.name: {"worker_path": worker_path_guess(m, rec["sglang_version"]), **m.shape,
+                                    "per_bs": {}} for m in dyn_ms}
     prompts = PromptSource(cfg.input_len, cfg.seed)
-    with running_modes(rec, [plain_m, dyn_m], cfg.server, cfg.log_dir or out_dir / f"{cfg.name}-logs",
-                       [cfg.base_port, cfg.base_port + 1], cfg.start_timeout_s, cfg.server_factory) as live:
-        if len(live) == 2:
+    log_dir = Path(cfg.log_dir or out_dir / f"{cfg.name}-logs")
+    ports = [cfg.base_port + i for i in range(len(modes))]
+    with running_modes(rec, modes, cfg.server, log_dir, ports, cfg.start_timeout_s, cfg.server_factory) as live:
+        if plain_m.name in live and any(m.name in live for m in dyn_ms):
             for i, bs in enumerate(cfg.batch_sizes):
                 if cfg.remaining_s() < cfg.level_margin_s:
                     rec.setdefault("skipped", []).append({"bs": bs, "why": "deadline"})
                     continue
                 with phase(rec, f"offstep:bs={bs}"):
-                    # Same prompts for both servers, measured back to back so drift cancels.
+                    # Same prompts for every server, measured back to back so drift cancels.
                     plain = _step_ms(live[plain_m.name].base_url, prompts, bs, cfg, salt=i + 1)
-                    off = _step_ms(live[dyn_m.name].base_url, prompts, bs, cfg, salt=i + 1)
-                p, o = plain["tpot_p50_ms"], off["tpot_p50_ms"]
-                rec["per_bs"][str(bs)] = {"off_step_ms": o, "plain_step_ms": p,
-                                          "ratio": round(o / p, 4) if o and p else None,
-                                          "off_failed": off["failed"], "plain_failed": plain["failed"],
-                                          "off_tok_per_s": off["output_tok_per_s"],
-                                          "plain_tok_per_s": plain["output_tok_per_s"]}
-                log(f"offstep bs={bs}: off {o} ms, plain {p} ms, ratio {rec['per_bs'][str(bs)]['ratio']}")
+                    for dm in dyn_ms:
+                        if dm.name not in live:
+                            continue
+                        off = _step_ms(live[dm.name].base_url, prompts, bs, cfg, salt=i + 1)
+                        p, o = plain["tpot_p50_ms"], off["tpot_p50_ms"]
+                        row = {"off_step_ms": o, "plain_step_ms": p, "ratio": round(o / p, 4) if o and p else None,
+                               "off_failed": off["failed"], "plain_failed": plain["failed"],
+                               "off_tok_per_s": off["output_tok_per_s"], "plain_tok_per_s": plain["output_tok_per_s"]}
+                        if dm is dyn_ms[0]:
+                            rec["per_bs"][str(bs)] = row
+                        if "per_mode" in rec:
+                            rec["per_mode"][dm.name]["per_bs"][str(bs)] = row
+                        log(f"offstep bs={bs} {dm.name}: off {o} ms, plain {p} ms, ratio {row['ratio']}")
+                if bs in cfg.profile_bs and cfg.remaining_s() >= cfg.level_margin_s:
+                    _profile_level(rec, cfg, live, modes, prompts, bs, log_dir, salt=900 + i)
                 write_json(json_path, rec)
         else:
-            rec["errors"]["run"] = f"servers failed to start: {sorted({plain_m.name, dyn_m.name} - set(live))}"
+            rec["errors"]["run"] = f"servers failed to start: {sorted({m.name for m in modes} - set(live))}"
     finish(json_path, rec)
     log(f"wrote {json_path}")
     return rec

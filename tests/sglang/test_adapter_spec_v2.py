@@ -115,10 +115,10 @@ def _expect_offstep_graphs(sglang_version):
     v = Version(sglang_version.base_version)
     if v < Version("0.5.10"):
         return False  # CudaGraphRunner(model_runner) only: no separate attention backend
-    if Version("0.5.12") <= v < Version("0.5.13"):
+    if Version("0.5.12") <= v < Version("0.5.13") or Version("0.5.15") <= v < Version("0.5.16"):
         return True
-    if v >= Version("0.5.13"):
-        return False  # ScheduleBatch releases: not implemented, eager
+    if v >= Version("0.5.23"):
+        return False  # the decode runner takes its hidden mode from return_hidden_states_mode
     return None
 
 
@@ -130,14 +130,16 @@ def test_offstep_graph_support_per_release(m, sglang_version):
     if reason is not None:
         assert m.describe()["offstep_graphs"] == reason
         return
-    # Supported: every piece _capture_offstep_graphs calls takes the arguments it passes.
-    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+    # Supported: every piece offstep_graphs.capture calls takes the arguments it passes.
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-    _bind(CudaGraphRunner.__init__, object(), object(), attn_backend=object())
+    from sglang_dynspec.adapters import offstep_graphs
+
+    runner_cls = offstep_graphs.runner_class()
+    _bind(runner_cls.__init__, object(), object(), attn_backend=object())
     _bind(ModelRunner._get_attention_backend, object(), init_new_workspace=True)
-    src = inspect.getsource(CudaGraphRunner.__init__)
-    # The capture relies on these two switches (see _capture_offstep_graphs).
+    src = inspect.getsource(runner_cls.__init__)
+    # The capture relies on these two switches (see offstep_graphs.capture).
     assert "spec_algorithm.is_speculative()" in src
     assert "enable_return_hidden_states" in src
 
@@ -145,14 +147,16 @@ def test_offstep_graph_support_per_release(m, sglang_version):
 def test_prepare_captures_graphs_only_where_supported(m, up, monkeypatch):
     monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "1")
     captured = []
-    monkeypatch.setattr(m, "_capture_offstep_graphs", lambda w: captured.append(w) or {"runner": "stub"})
+    from sglang_dynspec.adapters import offstep_graphs
+
+    monkeypatch.setattr(offstep_graphs, "capture", lambda mr, need_hidden: captured.append(mr) or {"runner": "stub"})
     w = _worker(up)
     w.server_args.disable_cuda_graph = False
     w._target_worker.model_runner.is_draft_worker = False
     m.prepare(w)
     graphs = w.__dict__[m._STATE_ATTR]["graphs"]
     if m.offstep_graphs_unsupported() is None:
-        assert captured == [w] and graphs == {"runner": "stub"}
+        assert captured == [w.target_worker.model_runner] and graphs == {"runner": "stub"}
     else:
         # Eager: the capture must not even be attempted (it would touch the live backend).
         assert captured == [] and graphs is None

@@ -238,3 +238,47 @@ def test_describe_is_plain_data(v1):
     d = v1.describe()
     json.dumps(d)
     assert d["adapter"] == "v1" and "error" not in d, d
+
+
+# --- off-step graphs -----------------------------------------------------------------
+
+
+@requires_v1
+def test_prepare_captures_decode_graphs_where_the_release_allows(v1, monkeypatch):
+    from sglang_dynspec.adapters import offstep_graphs
+
+    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "1")
+    captured = []
+    monkeypatch.setattr(offstep_graphs, "capture",
+                        lambda mr, need_hidden: captured.append((mr, need_hidden)) or {"runner": "stub", "gib": 0.1})
+    w = _worker()
+    w.server_args.disable_cuda_graph = False
+    v1.prepare(w)
+    v1.prepare(w)  # once per worker
+    supported = offstep_graphs.release_unsupported() is None
+    assert captured == ([(w.target_worker.model_runner, True)] if supported else [])
+    assert v1.describe(w)["offstep_graphs"]["active"] is supported
+    # The off-step asks for the graph runner's own hidden mode, so the graph can replay.
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    runner = SimpleNamespace(capture_hidden_mode=CaptureHiddenMode.FULL)
+    assert offstep_graphs.hidden_mode({"runner": runner}, True, eager_mode="LAST") == CaptureHiddenMode.FULL
+    assert offstep_graphs.hidden_mode(None, True, eager_mode="LAST") == CaptureHiddenMode.LAST
+    assert offstep_graphs.hidden_mode(None, False) == CaptureHiddenMode.NULL
+
+
+@requires_v1
+def test_prepare_respects_the_setting_and_server_flags(v1, monkeypatch):
+    from sglang_dynspec.adapters import offstep_graphs
+
+    monkeypatch.setattr(offstep_graphs, "capture", lambda mr, need_hidden: pytest.fail("must not capture"))
+    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "0")
+    w = _worker()
+    w.server_args.disable_cuda_graph = False
+    v1.prepare(w)
+    assert v1.describe(w)["offstep_graphs"]["active"] is False
+    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "1")
+    w = _worker()
+    w.server_args.disable_cuda_graph = True
+    v1.prepare(w)
+    assert v1.describe(w)["offstep_graphs"]["active"] is False

@@ -141,3 +141,54 @@ def test_offstep_ratio(tmp_path, fake_launch):
         x = rec["per_bs"][bs]
         assert x["ratio"] == pytest.approx(x["off_step_ms"] / x["plain_step_ms"], rel=1e-3)
         assert 0.3 < x["ratio"] < 3  # same fake per-token delay on both servers
+
+
+def test_offstep_several_servers_and_profiles(tmp_path, fake_launch):
+    from benchmarks.dynspec_bench import offstep
+    from benchmarks.dynspec_bench.results import validate
+
+    cfg = offstep.OffstepConfig(server=ServerConfig(model="m", draft="d", stats_root=str(tmp_path / "s")),
+                                batch_sizes=[1, 2], output_len=20, input_len=8, variant=",topk4",
+                                profile_bs=[2], profile_steps=6, out_dir=str(tmp_path), name="o",
+                                server_factory=fake_launch)
+    rec = offstep.run_offstep(cfg, argv=["offstep"])
+    validate(rec)
+    assert set(rec["per_mode"]) == {"dynspec:never", "dynspec:never@topk4"}
+    assert rec["per_mode"]["dynspec:never"]["per_bs"] == rec["per_bs"]
+    assert set(rec["per_mode"]["dynspec:never@topk4"]["per_bs"]) == {"1", "2"}
+    assert rec["per_mode"]["dynspec:never@topk4"]["topk"] == 4
+    prof = rec["profile"]
+    assert set(prof) == {"off", "dynspec:never", "dynspec:never@topk4"} and all(set(v) == {"2"} for v in prof.values())
+    plain, dyn = prof["off"]["2"], prof["dynspec:never"]["2"]
+    # The fake's trace: 6 steps of 1 ms, one 0.5 ms kernel and one graph launch each.
+    assert plain["steps"] == 6 and plain["gpu_busy_ms_per_step"] == pytest.approx(0.5)
+    assert plain["graph_launches_per_step"] == 1.0 and plain["dynspec_ranges"] == {}
+    assert dyn["dynspec_ranges"]["dynspec.offstep.target"] == {"cpu_us_per_step": 100.0, "gpu_us_per_step": 400.0,
+                                                                "count": 6}
+
+
+def test_analyze_trace_reads_a_real_torch_profiler_trace(tmp_path):
+    torch = pytest.importorskip("torch")
+    from benchmarks.dynspec_bench.profile import analyze_trace
+    from sglang_dynspec.adapters.offstep_graphs import span
+
+    x = torch.randn(64, 64)
+    assert not torch.autograd._profiler_enabled()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(4):
+            with span("dynspec.offstep.target"):
+                for _ in range(3):
+                    x = (x @ x).tanh()
+            with span("dynspec.offstep.draft_sync"):
+                x = x + 1
+    path = tmp_path / "t.trace.json"
+    prof.export_chrome_trace(str(path))
+    res = analyze_trace(path, steps=4)
+    ranges = res["dynspec_ranges"]
+    assert set(ranges) == {"dynspec.offstep.target", "dynspec.offstep.draft_sync"}
+    assert ranges["dynspec.offstep.target"]["count"] == 4 and ranges["dynspec.offstep.target"]["cpu_us_per_step"] > 0
+    assert res["gpu_busy_ms_per_step"] == 0 and res["step_ms"] > 0
+    names = {r["name"] for r in res["top_cpu_ops"]}
+    assert "aten::mm" in names or "aten::matmul" in names
+    # Outside a profiler the span is a shared no-op (no per-step cost).
+    assert span("dynspec.offstep.target") is span("other")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import math
 import os
@@ -125,6 +126,31 @@ async def metrics(request):
                   f'sglang_dynspec_switches_total{{tp_rank="0"}} {float(c["switches"])}',
                   f'sglang_dynspec_mode{{tp_rank="0"}} {1.0 if st.last_on else 0.0}']
     return web.Response(text="\n".join(lines) + "\n")
+
+
+async def start_profile(request):
+    """Writes a chrome trace like SGLang's /start_profile would after num_steps steps: per step one
+    0.5 ms kernel inside a 1 ms step and one graph launch; dynspec servers add the adapter's ranges."""
+    st: State = request.app["state"]
+    body = await request.json()
+    n = int(body.get("num_steps") or 10)
+    out = Path(body.get("output_dir") or "/tmp")
+    out.mkdir(parents=True, exist_ok=True)
+    evs = []
+    for i in range(n):
+        t = 1000.0 * i
+        evs.append({"ph": "X", "cat": "kernel", "name": "fake_gemm", "ts": t, "dur": 500.0})
+        evs.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t, "dur": 5.0})
+        evs.append({"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": t + 1, "dur": 20.0})
+        if st.stats_dir:
+            evs.append({"ph": "X", "cat": "user_annotation", "name": "dynspec.offstep.target", "ts": t, "dur": 100.0})
+            evs.append({"ph": "X", "cat": "gpu_user_annotation", "name": "dynspec.offstep.target",
+                        "ts": t, "dur": 400.0})
+    await asyncio.sleep(0.05 * n * st.delay / 0.001)
+    name = f"{body.get('profile_prefix') or ''}-{time.time()}-TP-0.trace.json.gz"
+    with gzip.open(out / name, "wt") as fh:
+        json.dump({"traceEvents": evs}, fh)
+    return web.json_response({"success": True, "message": "Succeeded"})
 
 
 async def abort_request(request):
@@ -250,6 +276,7 @@ def main(argv=None):
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/generate", generate)
     app.router.add_post("/abort_request", abort_request)
+    app.router.add_post("/start_profile", start_profile)
     app.cleanup_ctx.append(stats_writer)
     print(f"fake sglang on {st.args.host}:{st.args.port} spec={st.spec} policy={st.policy}", flush=True)
     web.run_app(app, host=st.args.host, port=st.args.port, print=None)

@@ -17,23 +17,22 @@ Two input shapes exist (see ``compat.v2_input_kind``):
   inside ``Scheduler._forward_isolation``; ``new_seq_lens`` travels on the result and
   ``on_publish(new_seq_lens)`` must be called before the draft-extend.
 
-Graphs: a TARGET_VERIFY graph runner must never replay a DECODE batch (``extra_hooks``).  On the
-model-worker-batch family, ``prepare`` can capture a separate set of DECODE graphs for the target
-on a fresh attention backend and swap them in for the off-step (see ``_capture_offstep_graphs``),
-where the release's graph runner accepts its own backend (``offstep_graphs_unsupported``);
-elsewhere the off-step target decode runs eager.
+Graphs: a TARGET_VERIFY graph runner must never replay a DECODE batch (the graph guard in
+``runtime``).  ``prepare`` captures a separate set of DECODE graphs for the target on a fresh
+attention backend and swaps them in for the off-step (``offstep_graphs``), where the release's
+graph runner accepts its own backend; elsewhere the off-step target decode runs eager.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import logging
-import os
 from typing import Any
 
 from .. import compat
+from . import offstep_graphs
+from .offstep_graphs import span
 
 logger = logging.getLogger("sglang_dynspec.adapters.spec_v2")
 
@@ -170,12 +169,15 @@ def decode_batch_size(worker, batch) -> int | None:
     return bs if bs > 0 else None
 
 
-def _capture_mode_for_target(worker):
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+def _needs_hidden(worker) -> bool:
+    # STANDALONE drafts read no target hidden states.
+    return not worker.speculative_algorithm.is_standalone()
 
+
+def _capture_mode_for_target(worker):
     # The draft-extend reads the target hidden states; FULL == LAST for one token per request,
-    # and FULL is what verify uses, so off-step graphs (captured FULL) can be replayed.
-    return CaptureHiddenMode.NULL if worker.speculative_algorithm.is_standalone() else CaptureHiddenMode.FULL
+    # and FULL is what verify uses and what the off-step graphs capture.
+    return offstep_graphs.hidden_mode(_state(worker).get("graphs"), _needs_hidden(worker))
 
 
 def _window_locs(worker, batch, ndt: int):
@@ -189,23 +191,8 @@ def _window_locs(worker, batch, ndt: int):
     return req_to_token[rows, offs].reshape(-1).to(torch.int64)
 
 
-@contextlib.contextmanager
 def _offstep_graphs_active(worker):
-    """Swap the target's attention backend and decode graph runner for the off-step ones."""
-    g = _state(worker).get("graphs")
-    if not g:
-        yield
-        return
-    mr = worker.target_worker.model_runner
-    attr = g["runner_attr"]
-    saved = (mr.attn_backend, getattr(mr, attr))
-    mr.attn_backend = g["attn_backend"]
-    setattr(mr, attr, g["runner"])
-    try:
-        yield
-    finally:
-        mr.attn_backend = saved[0]
-        setattr(mr, attr, saved[1])
+    return offstep_graphs.active(worker.target_worker.model_runner, _state(worker).get("graphs"))
 
 
 def _target_decode(worker, batch, kind: str, bonus, window, ndt: int):
@@ -296,7 +283,8 @@ def forward_off(worker, batch, *args, **kwargs):
     window = _window_locs(worker, batch, ndt)
 
     # 1. Target: plain one-token decode (eager unless off-step graphs were captured).
-    out, new_seq_lens, target_batch = _target_decode(worker, batch, kind, bonus, window, ndt)
+    with span("dynspec.offstep.target"):
+        out, new_seq_lens, target_batch = _target_decode(worker, batch, kind, bonus, window, ndt)
     logits_output = out.logits_output
     new_tokens = out.next_token_ids.to(torch.int32)
 
@@ -352,130 +340,25 @@ def forward_off(worker, batch, *args, **kwargs):
         # The draft-extend plans on plan_stream and reads tensors made here on fwd_stream.
         plan_stream.wait_stream(fwd_stream)
         _record_stream(plan_stream, window, predict, accept_lens, batch.seq_lens)
-    with compat.draft_contexts(worker):
+    with span("dynspec.offstep.draft_sync"), compat.draft_contexts(worker):
         dw._draft_extend_for_decode(batch, result)
     return result
 
 
-# --------------------------------------------------------------------------------------------
-# CUDA graph guard (step 1): a TARGET_VERIFY runner must never replay a plain DECODE batch.
-
-
-# --------------------------------------------------------------------------------------------
-# Off-step DECODE graphs (step 2), model-worker-batch family only, where the runner takes its
-# own attention backend (0.5.12 checked; not 0.5.9).
-
-
-def _offstep_graphs_enabled() -> bool:
-    try:
-        from ..config import load_settings
-
-        return bool(load_settings().settings.offstep_graphs)
-    except Exception:  # noqa: BLE001 - config unavailable: fall back to the raw env var
-        return os.environ.get("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 def offstep_graphs_unsupported() -> str | None:
     """Why this release cannot get off-step DECODE graphs (None: it can), from the installed classes."""
-    if compat.v2_input_kind() != "model_worker_batch":
-        return "only implemented for the ModelWorkerBatch releases (<= 0.5.12); eager on this release"
-    try:
-        from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-        from sglang.srt.model_executor.model_runner import ModelRunner
-    except ImportError as exc:
-        return f"graph runner not importable ({exc}); eager"
-    # Without its own backend the runner would call init_cuda_graph_state on the live one,
-    # reallocating buffers the verify graphs replay from (0.5.9/0.5.10 have no such parameter).
-    if "attn_backend" not in inspect.signature(CudaGraphRunner.__init__).parameters:
-        return "CudaGraphRunner takes no separate attn_backend on this release; eager"
-    if "init_new_workspace" not in inspect.signature(ModelRunner._get_attention_backend).parameters:
-        return "ModelRunner._get_attention_backend cannot build a second backend on this release; eager"
-    return None
-
-
-def _graphs_unsupported_reason(worker) -> str | None:
-    sa = worker.server_args
-    if getattr(sa, "disable_cuda_graph", False):
-        return "--disable-cuda-graph"
-    reason = offstep_graphs_unsupported()
-    if reason:
-        return reason
-    for flag in ("enable_lora", "enable_pdmux", "enable_two_batch_overlap", "enable_return_hidden_states"):
-        if getattr(sa, flag, False):
-            return f"--{flag.replace('_', '-')}"
-    mr = worker.target_worker.model_runner
-    if getattr(mr, "is_draft_worker", False):
-        return "unexpected draft model runner"
-    return None
-
-
-def _capture_offstep_graphs(worker) -> dict:
-    """Capture DECODE graphs for the target on a *new* attention backend.
-
-    The live backend's CUDA-graph buffers belong to the verify graphs, so it is never touched.
-    While the runner and its backend are built, the model runner is presented as non-speculative
-    (that is what makes the runner capture DECODE with one token per request) and
-    ``enable_return_hidden_states`` is set so the graphs capture FULL hidden states, which the
-    draft-extend consumes (not for STANDALONE, whose draft reads no target hidden states).
-    """
-    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    torch = _torch()
-    mr = worker.target_worker.model_runner
-    sa = mr.server_args
-    need_hidden = not worker.speculative_algorithm.is_standalone()
-    saved = (mr.spec_algorithm, sa.enable_return_hidden_states, getattr(mr, "init_new_workspace", None))
-    # Capture must not overlap in-flight work queued by the (overlap) scheduler.
-    torch.cuda.synchronize()
-    free_before = torch.cuda.mem_get_info()[0]
-    try:
-        mr.spec_algorithm = SpeculativeAlgorithm.NONE
-        if need_hidden:
-            sa.enable_return_hidden_states = True
-        backend = mr._get_attention_backend(init_new_workspace=True)
-        runner = CudaGraphRunner(mr, attn_backend=backend)
-    finally:
-        mr.spec_algorithm = saved[0]
-        sa.enable_return_hidden_states = saved[1]
-        if saved[2] is not None:
-            mr.init_new_workspace = saved[2]
-    torch.cuda.synchronize()
-    used_gb = (free_before - torch.cuda.mem_get_info()[0]) / 2**30
-    logger.info(
-        "dynspec: captured off-step DECODE graphs for the target (bs %s, hidden %s, %.2f GiB)",
-        getattr(runner, "capture_bs", "?"),
-        runner.capture_hidden_mode,
-        used_gb,
-    )
-    return {
-        "attn_backend": backend,
-        "runner": runner,
-        "runner_attr": compat.target_graph_runner_attr(mr),
-        "gib": used_gb,
-    }
+    return offstep_graphs.release_unsupported(need_hidden=True)
 
 
 def prepare(worker) -> None:
-    """One-time setup on the first decode step of ``worker``."""
+    """One-time setup before serving: capture the off-step DECODE graphs where possible."""
     st = _state(worker)
     if st.get("prepared"):
         return
     st["prepared"] = True
     if unsupported_reason(worker):
         return
-    if not _offstep_graphs_enabled():
-        logger.info("dynspec: off-step target decode runs eager (offstep_graphs disabled)")
-        return
-    reason = _graphs_unsupported_reason(worker)
-    if reason:
-        logger.info("dynspec: off-step target decode runs eager (%s)", reason)
-        return
-    try:
-        st["graphs"] = _capture_offstep_graphs(worker)
-    except Exception:  # noqa: BLE001 - a failed capture must not take the server down
-        logger.exception("dynspec: capturing off-step DECODE graphs failed; off-steps run eager")
-        st["graphs"] = None
+    st["graphs"] = offstep_graphs.prepare(worker, need_hidden=_needs_hidden(worker))
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ An off-step therefore does, in order:
 2. one KV slot per request via SGLang's ``alloc_for_decode`` (also writes ``req_to_token``
    and runs the SWA eviction), then ``seq_lens`` / ``kv_*_len`` bookkeeping like a plain
    decode;
-3. a plain DECODE forward of the target with ``spec_info=None`` and hidden capture LAST
-   (EAGLE-3 targets then return the concatenated aux states the draft needs);
+3. a plain DECODE forward of the target with ``spec_info=None`` and hidden capture on
+   (EAGLE-3 targets then return the concatenated aux states the draft needs), replayed from
+   the off-step DECODE graphs ``prepare`` captured (``offstep_graphs``) where possible;
 4. the per-request bookkeeping that ``EagleVerifyInput.verify`` normally does for v1
    (output ids, finish checks, grammar, reasoning tokens, logprobs): the v1 branch of the
    scheduler's result processor relies on the worker for it;
@@ -31,12 +32,12 @@ ready draft input.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import time
 from typing import Any
 
 from .. import compat
+from . import offstep_graphs
+from .offstep_graphs import span
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def forward_off(worker, batch, *args, **kwargs):
     import torch
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.mem_cache.common import alloc_for_decode
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     reqs = batch.reqs
     bs = len(reqs)
@@ -109,13 +110,15 @@ def forward_off(worker, batch, *args, **kwargs):
     batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
     # 3. Plain target decode.  spec_info=None keeps positions / attention metadata on the
-    # non-speculative path; LAST (not NULL) gives the hidden state the draft needs and also
-    # makes the verify graph's can_run refuse (the guard hook enforces it regardless).
+    # non-speculative path.  The draft needs the hidden state: the off-step graphs' own mode
+    # (FULL, one row per request) when they exist, else LAST for the eager forward.  The verify
+    # graph never replays this batch (the graph guard in runtime).
     batch.spec_info = None
     batch.forward_mode = ForwardMode.DECODE
     mwb = batch.get_model_worker_batch()
-    mwb.capture_hidden_mode = CaptureHiddenMode.LAST
-    with _offstep_graph_context(worker):
+    graphs = _graphs(worker)
+    mwb.capture_hidden_mode = offstep_graphs.hidden_mode(graphs, _needs_hidden(worker), eager_mode="LAST")
+    with span("dynspec.offstep.target"), offstep_graphs.active(worker.target_worker.model_runner, graphs):
         target_result = worker.target_worker.forward_batch_generation(mwb)
     logits_output = target_result.logits_output
     next_token_ids = target_result.next_token_ids
@@ -174,7 +177,7 @@ def forward_off(worker, batch, *args, **kwargs):
         batch.out_cache_loc = rows(out_cache_loc)
         batch.spec_info = extend_input
         batch.forward_mode = ForwardMode.DECODE
-        with compat.spec_contexts(worker):
+        with span("dynspec.offstep.draft_sync"), compat.spec_contexts(worker):
             next_draft_input = worker.forward_draft_extend_after_decode(batch)
         if next_draft_input is not None:  # 0.5.12 returns it; older releases mutate in place
             batch.spec_info = next_draft_input
@@ -209,39 +212,28 @@ def _append_logprobs(reqs, tokens_cpu, logits_output) -> None:
             req.output_token_ids_logprobs_idx.append(ids_idx[i])
 
 
-# --- CUDA graph guard ----------------------------------------------------------------
-
-
-# --- optional off-step decode graphs -------------------------------------------------
-# Filled by prepare(); the eager path needs none of it.
+# --- off-step decode graphs ------------------------------------------------------------
+# Captured by prepare() (see offstep_graphs); without them the off-step target decode runs eager.
 
 _GRAPH_STATE_ATTR = "_dynspec_v1_offstep_graphs"
 
 
-@contextlib.contextmanager
-def _offstep_graph_context(worker):
+def _graphs(worker):
     state = getattr(worker, _GRAPH_STATE_ATTR, None)
-    if not state or state.get("runner") is None:
-        yield
-        return
-    mr = worker.target_worker.model_runner
-    saved = (mr.attn_backend, mr.graph_runner)
-    mr.attn_backend, mr.graph_runner = state["attn_backend"], state["runner"]
-    try:
-        yield
-    finally:
-        mr.attn_backend, mr.graph_runner = saved
+    return state.get("graphs") if state else None
 
 
-def prepare(worker, offstep_graphs: bool = False) -> None:
-    """One-time setup.  Off-step decode graphs are not implemented yet: eager off-steps."""
+def prepare(worker) -> None:
+    """One-time setup before serving: capture the off-step DECODE graphs where possible."""
     if getattr(worker, _GRAPH_STATE_ATTR, None) is not None:
         return
-    state: dict[str, Any] = {"runner": None, "requested": bool(offstep_graphs), "t0": time.time()}
-    if offstep_graphs:
-        state["reason"] = "off-step decode graphs not implemented for v1 yet; eager decode"
-        logger.warning("sglang-dynspec v1: %s", state["reason"])
-    setattr(worker, _GRAPH_STATE_ATTR, state)
+    state: dict[str, Any] = {"graphs": None}
+    setattr(worker, _GRAPH_STATE_ATTR, state)  # first: a failing capture is not retried
+    state["graphs"] = offstep_graphs.prepare(worker, need_hidden=_needs_hidden(worker))
+
+
+def _needs_hidden(worker) -> bool:
+    return not worker.speculative_algorithm.is_standalone()
 
 
 def describe(worker=None) -> dict:
@@ -249,7 +241,7 @@ def describe(worker=None) -> dict:
         "adapter": "v1",
         "worker": WORKER_CLASS,
         "releases": "0.5.9 - 0.5.12 (non-overlap scheduler; topk>1 or --disable-overlap-schedule)",
-        "off_step": "plain target DECODE (spec_info=None, capture LAST) + 1-token draft extend",
+        "off_step": "plain target DECODE (spec_info=None, hidden capture on) + 1-token draft extend",
         "unsupported": ["dp-attention", "hybrid mamba/linear-attention targets"],
         "graph_guard": compat.graph_guard_target(),
     }
@@ -262,6 +254,6 @@ def describe(worker=None) -> dict:
         info["error"] = f"{type(exc).__name__}: {exc}"
     if worker is not None:
         state = getattr(worker, _GRAPH_STATE_ATTR, None) or {}
-        info["offstep_graphs"] = {k: v for k, v in state.items() if k not in ("runner", "attn_backend")}
-        info["offstep_graphs"]["active"] = state.get("runner") is not None
+        graphs = state.get("graphs") or {}
+        info["offstep_graphs"] = {"active": bool(graphs), "gib": graphs.get("gib")}
     return info

@@ -1,0 +1,149 @@
+"""Where a decode step's time goes: SGLang's own torch profiler (/start_profile) on a live server
+under steady decode load, summarised per step (GPU busy time, kernels, CPU ops, graph replays,
+and the plugin's ``dynspec.offstep.*`` ranges)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+
+from .loadgen import closed_loop, sampling_params
+
+
+def _events(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        data = json.load(fh)
+    evs = data["traceEvents"] if isinstance(data, dict) else data
+    return [e for e in evs if e.get("ph") == "X" and "dur" in e]
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def _top(groups: dict[str, list[float]], steps: int, n: int) -> list[dict]:
+    rows = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:n]
+    return [{"name": k[:120], "us_per_step": round(sum(v) / steps, 1), "calls_per_step": round(len(v) / steps, 2)}
+            for k, v in rows]
+
+
+def analyze_trace(path: str | Path, steps: int, top: int = 12) -> dict:
+    """Per-step figures of one chrome trace covering ``steps`` decode steps."""
+    evs = _events(Path(path))
+    if not evs or steps < 1:
+        return {"error": f"empty trace or steps={steps}", "trace": str(path)}
+    gpu = [e for e in evs if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    t0 = min(e["ts"] for e in evs)
+    t1 = max(e["ts"] + e["dur"] for e in evs)
+    kernels, cpu_ops, ann_cpu, ann_gpu = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list)
+    runtime = defaultdict(int)
+    for e in evs:
+        cat, name, dur = e.get("cat"), e.get("name", "?"), float(e["dur"])
+        if cat == "kernel":
+            kernels[name].append(dur)
+        elif cat == "cpu_op":
+            cpu_ops[name].append(dur)
+        elif cat == "cuda_runtime" or cat == "cuda_driver":
+            runtime[name] += 1
+        elif cat == "user_annotation" and name.startswith("dynspec."):
+            ann_cpu[name].append(dur)
+        elif cat == "gpu_user_annotation" and name.startswith("dynspec."):
+            ann_gpu[name].append(dur)
+    busy = _union_us([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
+    window = t1 - t0
+    launches = sum(v for k, v in runtime.items() if "LaunchKernel" in k or k == "cuLaunchKernel")
+    return {
+        "trace": Path(path).name,
+        "steps": steps,
+        "window_ms": round(window / 1e3, 3),
+        "step_ms": round(window / steps / 1e3, 3),
+        "gpu_busy_ms_per_step": round(busy / steps / 1e3, 3),
+        "gpu_busy_share": round(busy / window, 3) if window else None,
+        "graph_launches_per_step": round(runtime.get("cudaGraphLaunch", 0) / steps, 2),
+        "kernel_launches_per_step": round(launches / steps, 1),
+        "sync_calls_per_step": round(sum(v for k, v in runtime.items() if "Synchronize" in k) / steps, 2),
+        "dynspec_ranges": {
+            k: {"cpu_us_per_step": round(sum(v) / steps, 1), "gpu_us_per_step": round(sum(ann_gpu.get(k, [])) / steps, 1),
+                "count": len(v)}
+            for k, v in sorted(ann_cpu.items())
+        },
+        "top_kernels": _top(kernels, steps, top),
+        "top_cpu_ops": _top(cpu_ops, steps, top),
+    }
+
+
+def _post_json(url: str, body: dict, timeout_s: float) -> str:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return resp.read().decode()[:300]
+
+
+def profile_server(base_url: str, prompts: list[list[int]], out_dir: str | Path, tag: str, num_steps: int = 30,
+                   output_len: int = 1024, lead_s: float = 3.0, timeout_s: float = 90.0) -> dict:
+    """Profile ``num_steps`` forward steps of a server decoding ``len(prompts)`` requests at once."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    before = set(out_dir.glob(f"{tag}*.trace.json*"))
+    load_err: list[str] = []
+
+    def load() -> None:
+        try:
+            asyncio.run(closed_loop(base_url, prompts, len(prompts), sampling_params(output_len)))
+        except Exception as exc:  # noqa: BLE001 - reported in the result
+            load_err.append(repr(exc))
+
+    th = threading.Thread(target=load, daemon=True)
+    th.start()
+    time.sleep(lead_s)  # past the prefills, into steady decode
+    info: dict = {"tag": tag, "bs": len(prompts), "num_steps": num_steps}
+    try:
+        info["start_profile"] = _post_json(base_url + "/start_profile", {
+            "output_dir": str(out_dir), "num_steps": num_steps, "activities": ["CPU", "GPU"],
+            "with_stack": False, "record_shapes": False, "profile_prefix": tag}, timeout_s)
+    except Exception as exc:  # noqa: BLE001 - the call may block until the steps ran; the file decides
+        info["start_profile"] = repr(exc)[:300]
+    deadline = time.time() + timeout_s
+    trace = None
+    while time.time() < deadline:
+        new = sorted(set(out_dir.glob(f"{tag}*.trace.json*")) - before)
+        if new:
+            trace = new[-1]
+            time.sleep(1.0)  # let the writer finish
+            break
+        time.sleep(0.5)
+    th.join(timeout=timeout_s)
+    if load_err:
+        info["load_error"] = load_err[0]
+    if trace is None:
+        info["error"] = "no trace file appeared"
+        return info
+    try:
+        info.update(analyze_trace(trace, num_steps))
+    except Exception as exc:  # noqa: BLE001
+        info["error"] = f"analysis failed: {exc!r}"[:300]
+    return info
+
+
+def summary_line(p: dict) -> str:
+    if "error" in p:
+        return f"{p.get('tag')}: {p['error']}"
+    rng = " ".join(f"{k.split('.')[-1]}={v['cpu_us_per_step']}/{v['gpu_us_per_step']}us"
+                   for k, v in p.get("dynspec_ranges", {}).items())
+    return (f"{p['tag']}: step {p['step_ms']} ms, GPU busy {p['gpu_busy_ms_per_step']} ms "
+            f"({p['gpu_busy_share']}), graphs/step {p['graph_launches_per_step']}, "
+            f"kernels/step {p['kernel_launches_per_step']}, syncs/step {p['sync_calls_per_step']} {rng}")
