@@ -282,6 +282,18 @@ def last_token_ids(draft_input):
     return tokens
 
 
+def build_draft_input(tokens, *, topk_p, topk_index, hidden_states):
+    """A v1 ``EagleDraftInput`` for the next step under the installed field names (newest token
+    in ``bonus_tokens`` on 0.5.12, ``verified_id`` before), hidden capture LAST as upstream sets."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative import eagle_info
+
+    cls = eagle_info.EagleDraftInput
+    field = "bonus_tokens" if "bonus_tokens" in dataclass_field_names(cls) else "verified_id"
+    return cls(**{field: tokens}, topk_p=topk_p, topk_index=topk_index, hidden_states=hidden_states,
+               capture_hidden_mode=CaptureHiddenMode.LAST)
+
+
 def draft_extend_layout() -> str:
     """Which draft-extend input the installed release uses.
 

@@ -55,6 +55,14 @@ class DynspecSettings(BaseSettings):
     offstep_graphs: bool = Field(
         True, description="Capture CUDA graphs for off-steps where the worker path supports it."
     )
+    offstep_draft_sync: Literal["light", "full"] = Field(
+        "light",
+        description=(
+            "How an off-step keeps the draft KV cache complete: `light` writes the token's draft K/V "
+            "directly (single-layer EAGLE-3 drafts; others use `full`) and runs one full-sync resume "
+            "step before speculating again; `full` runs the draft-extend forward on every off-step."
+        ),
+    )
     metrics: bool = Field(
         True, description="Export dynspec metrics on SGLang's Prometheus endpoint (--enable-metrics)."
     )

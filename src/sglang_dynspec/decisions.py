@@ -85,6 +85,7 @@ class Controller:
             "spec_rows": 0,
             "agreements": 0,
             "steps_forced_off": 0,
+            "steps_resume": 0,
         }
 
     # --- per step -------------------------------------------------------------------
@@ -130,6 +131,12 @@ class Controller:
                 hook.dynspec_switch(record=rec)
         self._t_prev, self._mode_prev, self._bs_prev = now, decision, decode_bs
         return decision
+
+    def note_resume(self) -> None:
+        """The step just decided "on" ran as a resume step (an off-step with full draft sync)
+        instead: its interval is an off-step cost."""
+        self.stats["steps_resume"] += 1
+        self._mode_prev = False
 
     def on_other(self) -> None:
         """An extend / idle / mixed batch ran: the next interval is no decode step cost."""

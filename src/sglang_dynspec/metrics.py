@@ -76,8 +76,11 @@ class PrometheusExporter:
         self._last[key] = value
 
     def update(self, snap: dict[str, Any], draft_tokens_per_step: int | None) -> None:
-        self._inc(self.steps, "on", snap["steps_on"], mode="on")
+        # A resume step was decided "on" but ran without speculation (after light off-steps).
+        resume = snap.get("steps_resume", 0)
+        self._inc(self.steps, "on", snap["steps_on"] - resume, mode="on")
         self._inc(self.steps, "off", snap["steps_off"], mode="off")
+        self._inc(self.steps, "resume", resume, mode="resume")
         self._inc(self.switches, "switches", snap["switches"])
         self._inc(self.errors, "errors", snap["policy_errors"])
         if draft_tokens_per_step:

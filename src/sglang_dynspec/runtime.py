@@ -35,6 +35,8 @@ class WorkerState:
         # Until an adapter provides forward_off, off decisions are recorded but not applied.
         self.forward_off = getattr(adapter, "forward_off", None) if adapter is not None else None
         self.decode_batch_size = getattr(adapter, "decode_batch_size", None) if adapter is not None else None
+        # After a light off-step the draft has no outputs to draft from: speculating waits one resume step.
+        self.resume_pending = getattr(adapter, "resume_pending", None) if adapter is not None else None
         self.stats_writer = None
         self.prometheus = None
         self.draft_tokens_per_step: int | None = None
@@ -194,7 +196,13 @@ def _forward(original, worker, batch, *args, **kwargs):
     if st.stats_writer is not None or st.prometheus is not None:
         _report(st)
     if speculate:
-        return original(worker, batch, *args, **kwargs)
+        if st.resume_pending is None or not st.resume_pending(worker):
+            return original(worker, batch, *args, **kwargs)
+        # Rank-identical: it depends only on the previous (agreed) decisions.
+        ctl.note_resume()
+        result = st.forward_off(worker, batch, *args, full_sync=True, **kwargs)
+        result._dynspec_off = True
+        return result
     if st.forward_off is None:
         st.off_not_applied += 1
         return original(worker, batch, *args, **kwargs)

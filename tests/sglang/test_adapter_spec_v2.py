@@ -518,3 +518,78 @@ def test_prepare_without_graphs_is_noop(m, up, monkeypatch):
     m.prepare(w)
     m.prepare(w)  # idempotent
     assert w.__dict__[m._STATE_ATTR]["graphs"] is None
+
+
+# ------------------------------------------------------------------------------------------
+# light draft sync (draft_kv) and the resume step
+
+
+def _light(m, w, monkeypatch):
+    from sglang_dynspec.adapters import draft_kv
+
+    st = m._state(w)
+    st.update(light=True, placeholders=draft_kv.Placeholders(), topk=1, draft_hidden=6, draft_dtype=torch.bfloat16)
+    writes = []
+    monkeypatch.setattr(draft_kv, "write", lambda runner, tok, hid, pos, loc: writes.append(
+        (runner, tok.clone(), hid.clone(), pos.clone(), loc.clone())))
+    return writes
+
+
+def test_forward_off_light_sync_then_resume_step(m, up, sglang_version, monkeypatch):
+    ndt = 4
+    w, target, draft, batch = _off_setup(m, up, ndt=ndt)
+    writes = _light(m, w, monkeypatch)
+    published = []
+    kwargs = {"on_publish": published.append} if compat.v2_input_kind() == "schedule_batch" else {}
+    assert not m.resume_pending(w)
+    res = m.forward_off(w, batch, **kwargs)
+
+    (tb,) = target.batches
+    assert tb["out_cache_loc"].tolist() == [110, 320] and tb["seq_lens"].tolist() == [11, 21]
+    assert draft.calls == []  # no draft-extend forward
+    ((runner, tok, hid, pos, loc),) = writes
+    assert runner is draft.draft_runner
+    assert tok.tolist() == [7, 8] and pos.tolist() == [10, 20] and loc.tolist() == [110, 320]
+    assert torch.equal(hid, torch.arange(12, dtype=torch.float32).view(2, 6))  # one row per request
+    if _result_carries_stride(sglang_version):
+        assert res.speculative_num_draft_tokens == 1 and res.next_token_ids.tolist() == [7, 8]
+    else:
+        assert res.next_token_ids.tolist() == [7] * ndt + [8] * ndt
+    nd = res.next_draft_input
+    assert getattr(nd, compat.draft_input_bonus_field(up.EDI)).tolist() == [7, 8]
+    assert nd.topk_p.shape == (2, 1) and nd.topk_p.dtype == torch.float32 and not nd.topk_p.any()
+    assert nd.topk_index.shape == (2, 1) and nd.topk_index.dtype == torch.int64
+    assert nd.hidden_states.shape == (2, 6) and nd.hidden_states.dtype == torch.bfloat16
+    assert m.resume_pending(w)
+
+    # The resume step: a full sync through the draft-extend, after which speculation may run.
+    w2, target2, draft2, batch2 = _off_setup(m, up, ndt=ndt)
+    w.__dict__["_target_worker"], w.__dict__["_draft_worker"] = target2, draft2
+    m.forward_off(w, batch2, full_sync=True, **kwargs)
+    assert len(draft2.calls) == 1 and len(writes) == 1
+    assert not m.resume_pending(w)
+
+
+@pytest.mark.skipif(compat.v2_input_kind() != "model_worker_batch", reason="FutureMap.store_to_map of <= 0.5.12")
+def test_light_draft_input_fits_the_real_future_map(m, up, monkeypatch):
+    from sglang.srt.managers import overlap_utils
+
+    if not hasattr(overlap_utils.FutureMap, "store_to_map_for_new_batch") or \
+            compat.draft_input_bonus_field(up.EDI) != "bonus_tokens":
+        pytest.skip("FutureMap of another shape on this release")
+    monkeypatch.setattr(overlap_utils, "spec_need_hidden_states", lambda *a, **k: True)
+    fm = overlap_utils.FutureMap(8, 16, 32, torch.device("cpu"), up.Algo.from_string("EAGLE3"))
+    bonus = compat.draft_input_bonus_field(up.EDI)
+    # A real step's draft input initialises the buffers (as the first prefill does on a server).
+    real = up.EDI(topk_p=torch.rand(2, 1), topk_index=torch.ones(2, 1, dtype=torch.int64),
+                  hidden_states=torch.rand(2, 6, dtype=torch.bfloat16),
+                  **{bonus: torch.tensor([1, 2], dtype=torch.int32)}, new_seq_lens=torch.tensor([5, 6]))
+    fm.store_to_map_for_new_batch(fm.alloc_future_indices(2), real)
+    w, target, draft, batch = _off_setup(m, up)
+    _light(m, w, monkeypatch)
+    nd = m.forward_off(w, batch).next_draft_input
+    idx = fm.alloc_future_indices(2)
+    fm.store_to_map_for_new_batch(idx, nd)
+    assert fm.bonus_tokens_buf[idx.indices].tolist() == [7, 8]
+    assert fm.new_seq_lens_buf[idx.indices].tolist() == [11, 21]
+    assert not fm.topk_p_buf[idx.indices].any() and not fm.hidden_states_buf[idx.indices].any()

@@ -282,3 +282,39 @@ def test_prepare_respects_the_setting_and_server_flags(v1, monkeypatch):
     w.server_args.disable_cuda_graph = True
     v1.prepare(w)
     assert v1.describe(w)["offstep_graphs"]["active"] is False
+
+
+@requires_v1
+def test_light_draft_input_survives_the_schedulers_filter_and_merge(v1):
+    """After a light off-step, spec_info holds placeholder rows; the real EagleDraftInput's
+    filter_batch / merge_batch (requests finishing, a prefill joining) must handle them."""
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    from sglang_dynspec.adapters import draft_kv
+
+    ph = draft_kv.Placeholders()
+
+    def light(tokens):
+        rows = ph.get(len(tokens), 4, 8, torch.bfloat16, "cpu")
+        return compat.build_draft_input(torch.tensor(tokens, dtype=torch.int32),
+                                        **{k: v.contiguous() for k, v in rows.items()})
+
+    a = light([5, 6, 7])
+    assert isinstance(a, EagleDraftInput) and compat.last_token_ids(a).tolist() == [5, 6, 7]
+    assert a.topk_p.shape == (3, 4) and a.topk_index.dtype == torch.int64 and a.hidden_states.shape == (3, 8)
+    a.filter_batch(torch.tensor([0, 2]), has_been_filtered=False)  # e.g. an abort
+    assert compat.last_token_ids(a).tolist() == [5, 7] and a.topk_p.shape == (2, 4)
+    real = compat.build_draft_input(torch.tensor([9], dtype=torch.int32), topk_p=torch.rand(1, 4),
+                                    topk_index=torch.ones(1, 4, dtype=torch.int64),
+                                    hidden_states=torch.rand(1, 8, dtype=torch.bfloat16))
+    a.merge_batch(real)
+    assert compat.last_token_ids(a).tolist() == [5, 7, 9] and a.hidden_states.shape == (3, 8)
+    assert torch.equal(a.topk_index[2], torch.ones(4, dtype=torch.int64))
+    # v1's off-step accepts a batch in this state (resume step).
+    assert v1.decode_batch_size(_worker(), NS_batch(a)) == 3
+
+
+def NS_batch(spec_info):
+    FM = _fm()
+    return SimpleNamespace(forward_mode=FM.DECODE, is_extend_in_batch=False, is_spec_v2=False, spec_info=spec_info,
+                           reqs=[object()] * int(compat.last_token_ids(spec_info).shape[0]))

@@ -112,3 +112,38 @@ def test_opt_out_that_cannot_be_honoured_is_counted(state):
     assert st.optout_not_honoured == 0
     runtime.around_v1_forward(original, st.worker, batch(2, mode="declined"))  # decode the adapter declines
     assert st.optout_not_honoured == 1
+
+
+class LightAdapter(Adapter):
+    """An adapter whose off-steps use the light draft sync (resume step before speculating)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pending, self.full_syncs = False, 0
+
+    def forward_off(self, worker, batch, *a, full_sync=False, **kw):
+        self.full_syncs += bool(full_sync)
+        self.pending = not full_sync
+        return super().forward_off(worker, batch, *a, **kw)
+
+    def resume_pending(self, worker):
+        return self.pending
+
+
+def test_light_off_steps_resume_before_speculating(monkeypatch):
+    adapter = LightAdapter()
+    worker = object()
+    st = runtime.WorkerState(settings=None, controller=Controller(build_policy("threshold", {"n": 2})),
+                             scheduler=NS(running_batch=NS(reqs=[]), waiting_queue=[], tp_rank=0),
+                             worker=worker, path="spec_v2", adapter=adapter)
+    monkeypatch.setattr(runtime, "STATE", st)
+    first = runtime.around_v2_forward(original, worker, batch(2))  # on, nothing pending
+    assert getattr(first, "spec", False)
+    runtime.around_v2_forward(original, worker, batch(5))  # off: light
+    runtime.around_v2_forward(original, worker, batch(5))  # off: light
+    assert adapter.off_calls == 2 and adapter.full_syncs == 0 and adapter.pending
+    resumed = runtime.around_v2_forward(original, worker, batch(2))  # on -> resume step instead
+    assert resumed._dynspec_off is True and adapter.full_syncs == 1 and not adapter.pending
+    assert getattr(runtime.around_v2_forward(original, worker, batch(2)), "spec", False)  # now speculates
+    s = st.controller.stats
+    assert s["steps_resume"] == 1 and s["steps_on"] == 3 and s["steps_off"] == 2

@@ -31,7 +31,7 @@ import logging
 from typing import Any
 
 from .. import compat
-from . import offstep_graphs
+from . import draft_kv, offstep_graphs
 from .offstep_graphs import span
 
 logger = logging.getLogger("sglang_dynspec.adapters.spec_v2")
@@ -250,8 +250,12 @@ def _record_stream(stream, *tensors) -> None:
             t.record_stream(stream)
 
 
-def forward_off(worker, batch, *args, **kwargs):
-    """Run one decode step of ``worker`` without speculation (see module docstring)."""
+def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
+    """Run one decode step of ``worker`` without speculation (see module docstring).
+
+    ``full_sync``: refresh the draft through its draft-extend forward even where the light sync
+    (``draft_kv``) is available; the runtime asks for it on the resume step after light ones.
+    """
     torch = _torch()
     mod = compat.v2_worker_module()
     kind = compat.v2_input_kind()
@@ -271,34 +275,49 @@ def forward_off(worker, batch, *args, **kwargs):
 
     ndt = int(worker.speculative_num_draft_tokens)
     st = _state(worker)
+    light = bool(st.get("light")) and not full_sync
     if not st.get("logged_first_off"):
         st["logged_first_off"] = True
         logger.info(
-            "dynspec: first off-step on %s (%s input, bs=%d, num_draft_tokens=%d, target graphs=%s)",
+            "dynspec: first off-step on %s (%s input, bs=%d, num_draft_tokens=%d, target graphs=%s, draft sync=%s)",
             type(worker).__name__, kind, int(batch.seq_lens.shape[0]), ndt, bool(st.get("graphs")),
+            "light" if st.get("light") else "full",
         )
     draft_input = batch.spec_info
     bonus = getattr(draft_input, compat.draft_input_bonus_field(type(draft_input)))
     bs = int(batch.seq_lens.shape[0])
-    window = _window_locs(worker, batch, ndt)
+    res_fields = compat.dataclass_field_names(GenerationBatchResult)
+    # Light: only the slot of position seq_lens is written.  Full: the draft-extend also fills
+    # the rest of the verify window (over-allocated by the scheduler, beyond new_seq_lens).
+    span_w = 1 if light else ndt
+    window = _window_locs(worker, batch, span_w)
 
     # 1. Target: plain one-token decode (eager unless off-step graphs were captured).
     with span("dynspec.offstep.target"):
-        out, new_seq_lens, target_batch = _target_decode(worker, batch, kind, bonus, window, ndt)
+        out, new_seq_lens, target_batch = _target_decode(worker, batch, kind, bonus, window, span_w)
     logits_output = out.logits_output
     new_tokens = out.next_token_ids.to(torch.int32)
+    target_hidden = logits_output.hidden_states
 
-    # 2. Shape the result like a verify whose drafts were all rejected: every per-token tensor
-    #    has num_draft_tokens rows per request with the real value in row i*ndt.
-    if logits_output.hidden_states is not None:
-        logits_output.hidden_states = logits_output.hidden_states.repeat_interleave(ndt, dim=0)
-    predict = new_tokens.repeat_interleave(ndt)
+    # 2. The result of a verify whose drafts were all rejected.  Releases whose result carries
+    #    its own row stride (0.5.12+) take one row per request after a light sync; otherwise every
+    #    per-token tensor has num_draft_tokens rows per request, the real value in row i*ndt.
+    stride = 1 if (light and "speculative_num_draft_tokens" in res_fields) else ndt
+    if stride > 1:
+        predict = new_tokens.repeat_interleave(stride)
+        if not light and target_hidden is not None:
+            logits_output.hidden_states = target_hidden.repeat_interleave(stride, dim=0)
+    else:
+        predict = new_tokens
     accept_lens = torch.ones(bs, dtype=torch.int32, device=new_tokens.device)
 
     bonus_field = compat.draft_input_bonus_field(EagleDraftInput)
     di_fields = compat.dataclass_field_names(EagleDraftInput)
-    res_fields = compat.dataclass_field_names(GenerationBatchResult)
     nd_kwargs = {bonus_field: new_tokens}
+    if light:
+        # Never drafted from: the runtime's resume step replaces them before speculating.
+        nd_kwargs.update(st["placeholders"].get(bs, st["topk"], st["draft_hidden"], st["draft_dtype"],
+                                                new_tokens.device))
     if "new_seq_lens" not in res_fields:
         # <= 0.5.12: new_seq_lens + verify_done travel on the next draft input.
         verify_done = device_mod.Event()
@@ -316,8 +335,8 @@ def forward_off(worker, batch, *args, **kwargs):
             next_token_ids=predict,
             can_run_cuda_graph=bool(out.can_run_cuda_graph),
             # 0.5.12+ only; older schedulers take the row stride from
-            # worker.speculative_num_draft_tokens, which is this same ndt.
-            speculative_num_draft_tokens=ndt,
+            # worker.speculative_num_draft_tokens, which is then this same value.
+            speculative_num_draft_tokens=stride,
             next_draft_input=next_draft_input,
             accept_lens=accept_lens,
             new_seq_lens=new_seq_lens,
@@ -330,11 +349,19 @@ def forward_off(worker, batch, *args, **kwargs):
     if on_publish is not None:
         on_publish(new_seq_lens)
 
-    # 3. Minimal draft sync through the decode draft-extend: writes draft KV at position
-    #    seq_lens from (target hidden at seq_lens, new token) and yields topk_p / topk_index /
-    #    hidden_states for the next draft round (select_index = i*ndt + accept_lens - 1).
-    batch.out_cache_loc = window
     dw = worker.draft_worker
+    if light:
+        # 3a. Draft KV of position seq_lens from (target hidden there, new token), nothing else.
+        st["light_pending"] = True
+        with span("dynspec.offstep.draft_kv"), compat.draft_contexts(worker):
+            draft_kv.write(dw.draft_runner, new_tokens, target_hidden, batch.seq_lens, window)
+        return result
+
+    # 3b. Full sync through the decode draft-extend: writes draft KV at position seq_lens from
+    #    (target hidden at seq_lens, new token) and yields topk_p / topk_index / hidden_states for
+    #    the next draft round (select_index = i*ndt + accept_lens - 1).
+    st["light_pending"] = False
+    batch.out_cache_loc = window
     plan_stream = getattr(dw, "plan_stream", None)
     if plan_stream is not None:
         # The draft-extend plans on plan_stream and reads tensors made here on fwd_stream.
@@ -343,6 +370,12 @@ def forward_off(worker, batch, *args, **kwargs):
     with span("dynspec.offstep.draft_sync"), compat.draft_contexts(worker):
         dw._draft_extend_for_decode(batch, result)
     return result
+
+
+def resume_pending(worker) -> bool:
+    """Whether the last off-step used the light sync, so the next step must be a resume step."""
+    st = worker.__dict__.get(_STATE_ATTR)
+    return bool(st and st.get("light_pending"))
 
 
 def offstep_graphs_unsupported() -> str | None:
@@ -359,6 +392,22 @@ def prepare(worker) -> None:
     if unsupported_reason(worker):
         return
     st["graphs"] = offstep_graphs.prepare(worker, need_hidden=_needs_hidden(worker))
+    _prepare_light_sync(worker, st)
+
+
+def _prepare_light_sync(worker, st: dict) -> None:
+    if draft_kv.sync_setting() != "light":
+        logger.info("dynspec: off-steps sync the draft through its draft-extend (offstep_draft_sync=full)")
+        return
+    runner = getattr(getattr(worker, "draft_worker", None), "draft_runner", None)
+    reason = draft_kv.unsupported_reason(runner)
+    if reason:
+        logger.info("dynspec: off-steps sync the draft through its draft-extend (%s)", reason)
+        return
+    mc = runner.model_config
+    st.update(light=True, placeholders=draft_kv.Placeholders(), topk=int(worker.topk),
+              draft_hidden=int(mc.hidden_size), draft_dtype=mc.dtype)
+    logger.info("dynspec: off-steps write the draft KV directly (light sync; a resume step precedes speculation)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,6 +434,7 @@ def describe() -> dict[str, Any]:
         graph_guard=compat.graph_guard_target(),
         target_capture=compat.target_capture_channel(),
         offstep_graphs=offstep_graphs_unsupported() or "capture DECODE graphs on a separate backend",
+        offstep_draft_sync="light for single-layer EAGLE-3 drafts (resume step before speculating), else full",
         topk_gt_1=(kind == "schedule_batch"),  # <= 0.5.12 routes topk > 1 to the v1 worker
         declines=["return_logprob", "return_hidden_states", "grammar", "DP attention", "PP", "TBO", "mamba/GDN"],
     )

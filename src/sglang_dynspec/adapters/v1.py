@@ -36,7 +36,7 @@ import logging
 from typing import Any
 
 from .. import compat
-from . import offstep_graphs
+from . import draft_kv, offstep_graphs
 from .offstep_graphs import span
 
 logger = logging.getLogger(__name__)
@@ -76,8 +76,12 @@ def decode_batch_size(worker, batch) -> int | None:
     return n if n > 0 else None
 
 
-def forward_off(worker, batch, *args, **kwargs):
-    """One plain target decode step + one-token draft KV sync; returns GenerationBatchResult."""
+def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
+    """One plain target decode step + one-token draft KV sync; returns GenerationBatchResult.
+
+    ``full_sync``: refresh the draft through its draft-extend even where the light sync
+    (``draft_kv``) is available (the runtime's resume step after light ones).
+    """
     import torch
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.mem_cache.common import alloc_for_decode
@@ -148,9 +152,27 @@ def forward_off(worker, batch, *args, **kwargs):
         _append_logprobs(reqs, tokens_cpu, logits_output)
 
     # 5. Draft KV sync for unfinished rows (spec_info must hold exactly those, in order).
+    state = getattr(worker, _GRAPH_STATE_ATTR, None) or {}
+    light = bool(state.get("light")) and not full_sync
     if not unfinished:
         worker._draft_preprocess_idle(batch)
+        state["light_pending"] = False  # nothing left to resume
+    elif light:
+        # Draft KV of every row's position seq_lens-1 (finished rows' slots are freed next, so
+        # writing them is harmless and saves an index), then a draft input that is never drafted
+        # from: the runtime runs a resume step first.
+        with span("dynspec.offstep.draft_kv"), compat.spec_contexts(worker):
+            draft_kv.write(worker.draft_model_runner, next_token_ids, logits_output.hidden_states,
+                           batch.seq_lens - 1, out_cache_loc)
+        n = len(unfinished)
+        keep = None if n == bs else torch.tensor(unfinished, dtype=torch.int64, device=batch.seq_lens.device)
+        toks = (next_token_ids if keep is None else next_token_ids[keep]).to(torch.int32)
+        ph = state["placeholders"].get(n, state["topk"], state["draft_hidden"], state["draft_dtype"], toks.device)
+        # Materialised: the scheduler filters and concatenates these rows in place.
+        batch.spec_info = compat.build_draft_input(toks, **{k: v.contiguous() for k, v in ph.items()})
+        state["light_pending"] = True
     else:
+        state["light_pending"] = False
         keep = None
         if len(unfinished) != bs:
             keep = torch.tensor(unfinished, dtype=torch.int64, device=batch.seq_lens.device)
@@ -230,6 +252,24 @@ def prepare(worker) -> None:
     state: dict[str, Any] = {"graphs": None}
     setattr(worker, _GRAPH_STATE_ATTR, state)  # first: a failing capture is not retried
     state["graphs"] = offstep_graphs.prepare(worker, need_hidden=_needs_hidden(worker))
+    if draft_kv.sync_setting() != "light":
+        logger.info("sglang-dynspec v1: off-steps sync the draft through its draft-extend (offstep_draft_sync=full)")
+        return
+    runner = getattr(worker, "draft_model_runner", None)
+    reason = draft_kv.unsupported_reason(runner)
+    if reason:
+        logger.info("sglang-dynspec v1: off-steps sync the draft through its draft-extend (%s)", reason)
+        return
+    mc = runner.model_config
+    state.update(light=True, placeholders=draft_kv.Placeholders(), topk=int(worker.topk),
+                 draft_hidden=int(mc.hidden_size), draft_dtype=mc.dtype)
+    logger.info("sglang-dynspec v1: off-steps write the draft KV directly (light sync)")
+
+
+def resume_pending(worker) -> bool:
+    """Whether the last off-step used the light sync, so the next step must be a resume step."""
+    state = getattr(worker, _GRAPH_STATE_ATTR, None)
+    return bool(state and state.get("light_pending"))
 
 
 def _needs_hidden(worker) -> bool:
