@@ -7,10 +7,12 @@
 #   bash benchmarks/device/run_pair.sh [extra harness args, e.g. --temperature 0.7]
 # Env knobs:
 #   DYNSPEC_PAIR_TARGET   padded (default: 2.68B-parameter step cost, same function) | honest (220M)
-#   DYNSPEC_PAIR_TARGET_S target training seconds (default 130)
-#   DYNSPEC_PAIR_DRAFT_S  draft training seconds (default 70)
+#   DYNSPEC_PAIR_TARGET_S target training seconds (default 120)
+#   DYNSPEC_PAIR_DRAFT_S  draft training seconds (default 65)
 #   DYNSPEC_PAIR_END_S    seconds after start when no new level starts (default 570)
 #   DYNSPEC_PAIR_C        concurrency levels (default 1,2,5,10,30,70,100,250)
+#   DYNSPEC_PAIR_MODES    swept modes (default off,on,dynspec:goodput); on@topk4 always gets the
+#                         accept pass only (greedy and temperature 0.7, like every `on` mode)
 #   DYNSPEC_PAIR_DIR      where the pair is written (default /tmp/pair; weights never come back)
 #   DYNSPEC_PAIR_BUILD_ARGS extra build_pair arguments, word-split (e.g. toy sizes for a dry run)
 #   DYNSPEC_SITE, DYNSPEC_BUNDLE, OUT as in run_sweep.sh
@@ -63,7 +65,7 @@ fi
 note "building the pair ($KIND target) into $PAIR"
 rm -rf "$PAIR"; mkdir -p "$PAIR"
 PYTHONPATH=$BUILD_PYPATH PYTHONUNBUFFERED=1 python3 -m benchmarks.models.build_pair --out "$PAIR" \
-  --target-seconds "${DYNSPEC_PAIR_TARGET_S:-130}" --draft-seconds "${DYNSPEC_PAIR_DRAFT_S:-70}" "${PAD[@]}" \
+  --target-seconds "${DYNSPEC_PAIR_TARGET_S:-120}" --draft-seconds "${DYNSPEC_PAIR_DRAFT_S:-65}" "${PAD[@]}" \
   ${DYNSPEC_PAIR_BUILD_ARGS:-} 2>&1 | tee "$OUT/pair-build.log"
 BUILD_RC=${PIPESTATUS[0]}
 cp "$PAIR/pair.json" "$OUT/pair-manifest.json" 2>/dev/null
@@ -77,11 +79,13 @@ done
 FLAGS="--skip-tokenizer-init --attention-backend triton --sampling-backend pytorch \
 --cuda-graph-bs 1 2 4 8 16 32 64 128 256 --max-running-requests 256"
 LEFT=$(( END_S - ($(date +%s) - T0) ))
-note "sweep off vs on, $LEFT s until the last level may start"
+note "accept pass + sweep, $LEFT s until the last level may start"
 DYNSPEC_NAME=pair-sweep DYNSPEC_BUDGET_S=$LEFT DYNSPEC_SITE=$SITE DYNSPEC_BUNDLE=$BUNDLE OUT=$OUT \
   bash "$REPO/benchmarks/device/run_sweep.sh" sweep \
   --model "$MODEL" --draft "$PAIR/draft" --prompts-file "$PAIR/prompts.json" --kind pair \
-  --modes off,on -C "$LEVELS" --input-len 256 --output-len 128 --max-requests 750 \
+  --modes "${DYNSPEC_PAIR_MODES:-off,on,dynspec:goodput},on@topk4" --accept-only on@topk4 \
+  --accept-temperatures 0,0.7 --pair-manifest "$PAIR/pair.json" \
+  -C "$LEVELS" --input-len 256 --output-len 128 --max-requests 600 \
   --common-flags "$FLAGS" "$@"
 RC=$?
 note "done (sweep exit $RC); $KIND target; manifest in $OUT/pair-manifest.json"

@@ -45,6 +45,16 @@ def _ints(text: str, field: str) -> list[int]:
     return vals
 
 
+def _floats(text: str, field: str) -> list[float]:
+    try:
+        vals = [float(x) for x in str(text).replace(" ", ",").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{field}: expected comma-separated numbers, got {text!r}") from None
+    if any(v < 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"{field}: expected numbers >= 0, got {text!r}")
+    return vals
+
+
 def _json_obj(text: str | None, field: str) -> dict | None:
     if not text:
         return None
@@ -169,6 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--correctness-tokens", type=int, default=64)
         p.add_argument("--correctness-concurrency", type=int, default=8)
         p.add_argument("--kind", choices=["sweep", "pair", "trace"], default=cmd)
+        p.add_argument("--accept-temperatures", type=lambda t: _floats(t, "--accept-temperatures"), default=[],
+                       help="accept-length pass of every speculative mode at these temperatures, before the levels")
+        p.add_argument("--accept-only", default="",
+                       help="comma-separated modes (also listed in --modes) that get only the accept pass")
+        p.add_argument("--accept-concurrency", type=int, default=8)
+        p.add_argument("--accept-requests", type=int, default=64)
+        p.add_argument("--pair-manifest", default=None, help="pair.json of build_pair, embedded in the record")
         if cmd == "trace":
             p.add_argument("--trace-file", default=None, help='JSON: [t,...] or {"arrivals_s": [...], "phases": [...]}')
             p.add_argument("--alternating", default="2,40,20,3",
@@ -241,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
             out_dir=args.out_dir, name=name, log_dir=args.log_dir, base_port=args.base_port or 30000,
             start_timeout_s=args.start_timeout, deadline=_deadline(args), kind=args.kind, trace=trace,
             wave_margin_s=args.wave_margin_s, level_margin_s=args.level_margin_s,
+            accept_temperatures=args.accept_temperatures,
+            accept_only=[m.strip() for m in args.accept_only.split(",") if m.strip()],
+            accept_concurrency=args.accept_concurrency, accept_requests=args.accept_requests,
+            pair_manifest=args.pair_manifest,
         )
         rec = Sweep(cfg, full_argv).run()
         return 0 if rec["modes"] else 1

@@ -36,6 +36,14 @@ class SweepConfig:
     warmup_tokens: int = 32
     prompts_file: str | None = None
     seed: int = 0
+    # Acceptance pass: every static `on` mode's accept length at these temperatures (C =
+    # accept_concurrency, accept_requests held-out prompts), before any sweep level; modes in
+    # accept_only are started with the waves but get only this pass (no sweep levels).
+    accept_temperatures: list[float] = field(default_factory=list)
+    accept_only: list[str] = field(default_factory=list)
+    accept_concurrency: int = 8
+    accept_requests: int = 64
+    pair_manifest: str | None = None
     correctness_prompts: int = corr.DEFAULT_PROMPTS
     correctness_tokens: int = corr.DEFAULT_NEW_TOKENS
     correctness_concurrency: int = corr.DEFAULT_CONCURRENCY
@@ -61,6 +69,13 @@ class SweepConfig:
             raise ValueError(f"waves: a mode appears twice: {names}")
         for n in names:
             parse_mode(n)
+        stray = [n for n in self.accept_only if n not in names]
+        if stray:
+            raise ValueError(f"accept_only: {stray} are in no wave")
+        if any(t < 0 for t in self.accept_temperatures):
+            raise ValueError(f"accept_temperatures: must be >= 0, got {self.accept_temperatures}")
+        if self.accept_only and not self.accept_temperatures:
+            raise ValueError("accept_only: needs accept_temperatures (the pass they are started for)")
         if self.trace is None:
             if not self.concurrency or any(int(c) < 1 for c in self.concurrency):
                 raise ValueError(f"concurrency: need positive integers, got {self.concurrency}")
@@ -106,6 +121,8 @@ class Sweep:
         })
         self._outputs: dict[str, list] = {}
         self._next_port = cfg.base_port
+        if cfg.pair_manifest:
+            self._embed_manifest(cfg.pair_manifest)
 
     # ---- top level -------------------------------------------------------------------
     def run(self) -> dict:
@@ -127,8 +144,18 @@ class Sweep:
         self._next_port += len(modes)
         with running_modes(self.record, modes, self.cfg.server, self.log_dir, ports,
                            self.cfg.start_timeout_s, self.cfg.server_factory, label=f"start_wave{w}") as live:
+            if self.cfg.accept_temperatures:
+                for m in modes:
+                    if m.kind == "on" and live.get(m.name) is not None:
+                        with phase(self.record, f"accept:{m.name}"):
+                            self._accept_pass(m, live[m.name])
+                write_json(self.json_path, self.record)
             for m in modes:
                 srv = live.get(m.name)
+                if m.name in self.cfg.accept_only:
+                    if srv is not None:
+                        self._after_mode(m, srv)
+                    continue
                 if srv is not None:
                     with phase(self.record, f"measure:{m.name}"):
                         self._measure_mode(m, srv)
@@ -171,6 +198,52 @@ class Sweep:
             log(f"  {m.name:24s} C={c:<4d} {lv['output_tok_per_s']!s:>10} tok/s  tpot50={lv['tpot_p50_ms']} ms "
                  f"acc={lv['accept_length']} sw={lv['switches']} failed={lv['failed']}/{lv['requests']}")
             write_json(self.json_path, self.record)
+
+    def _accept_pass(self, m: Mode, srv: ServerProcess) -> None:
+        """SGLang's accept length of mode ``m`` per temperature, on held-out prompts."""
+        cfg = self.cfg
+        c = cfg.accept_concurrency
+        out = self.record.setdefault("accept_pass", {}).setdefault(m.name, {})
+        asyncio.run(closed_loop(srv.base_url, self.prompts.take(c, salt=40_000), c,
+                                sampling_params(cfg.warmup_tokens), desc=f"warm accept {m.name}"))
+        for i, t in enumerate(cfg.accept_temperatures):
+            if cfg.remaining_s() < cfg.level_margin_s:
+                self.record["skipped"].append({"mode": m.name, "C": None, "why": f"deadline (accept pass t={t})"})
+                continue
+            prompts = self.prompts.take(cfg.accept_requests, salt=41_000 + i)
+            results, wall = asyncio.run(closed_loop(srv.base_url, prompts, c, sampling_params(cfg.output_len, t),
+                                                    desc=f"accept {m.name} t={t}"))
+            lv = summarize(results, wall)
+            out[f"{t:g}"] = {k: lv[k] for k in ("accept_length", "output_tok_per_s", "tpot_p50_ms", "requests", "failed")}
+            out[f"{t:g}"]["concurrency"] = c
+            log(f"  accept {m.name:20s} t={t:g}: {lv['accept_length']} (C={c}, {lv['requests']} requests)")
+        # The pair record's headline: greedy accept length per draft shape.
+        if cfg.kind == "pair" and m.kind == "on":
+            key = f"topk{m.shape['topk']}"
+            if "0" in out:
+                self.record.setdefault("accept_length", {})[key] = out["0"]["accept_length"]
+            sampled = {t: v["accept_length"] for t, v in out.items() if t != "0"}
+            if sampled:
+                self.record.setdefault("accept_length_sampled", {})[key] = sampled
+
+    def _embed_manifest(self, path: str) -> None:
+        """The pair builder's manifest (recipe, timings, 4-gram shares) into the record."""
+        import json
+
+        try:
+            man = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            self.record["errors"]["pair_manifest"] = f"{path}: {exc}"
+            return
+        self.record["pair"] = man
+        secs = man.get("phase_seconds") or {}
+        if secs:
+            self.record["build_minutes"] = round(sum(float(v) for v in secs.values()) / 60.0, 2)
+        for key in ("repeated_4gram_share", "offline_greedy_accept_topk1_2steps"):
+            if key in man:
+                self.record[key] = man[key]
+        cfg = man.get("config") or {}
+        self.record["padded"] = bool(cfg.get("pad_layers") or cfg.get("pad_intermediate"))
 
     def _measure_level(self, m: Mode, srv: ServerProcess, c: int, salt: int) -> dict:
         cfg = self.cfg

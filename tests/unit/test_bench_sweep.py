@@ -135,3 +135,25 @@ def test_cli_sweep_through_real_launcher(tmp_path, shim_env):
     assert "--max-total-tokens" in rec["flags"]["off"]["args"]
     assert rec["command"].endswith("--stats-root " + str(tmp_path / "s"))
     assert not os.environ.get("DYNSPEC_COMMAND")
+
+
+def test_pair_accept_pass_and_manifest(tmp_path, shim_env):
+    man = tmp_path / "pair.json"
+    man.write_text(json.dumps({"config": {"pad_layers": 48}, "phase_seconds": {"target": 120, "draft": 60},
+                               "repeated_4gram_share": {"target_greedy": 0.7, "held_out": 0.1}}))
+    cfg = _cfg(tmp_path, waves=[["off", "on", "on@topk4"]], concurrency=[2], kind="pair",
+               accept_temperatures=[0.0, 0.7], accept_only=["on@topk4"], accept_requests=6, accept_concurrency=3,
+               pair_manifest=str(man))
+    rec = Sweep(cfg, argv=["sweep"]).run()
+    validate(rec)
+    assert set(rec["modes"]) == {"off", "on"}  # accept-only modes get no levels
+    assert set(rec["accept_pass"]) == {"on", "on@topk4"}
+    for mode in ("on", "on@topk4"):
+        assert set(rec["accept_pass"][mode]) == {"0", "0.7"}
+        assert rec["accept_pass"][mode]["0"]["requests"] == 6
+    assert rec["accept_length"] == {"topk1": pytest.approx(2.0, abs=0.3), "topk4": pytest.approx(2.0, abs=0.3)}
+    assert set(rec["accept_length_sampled"]["topk4"]) == {"0.7"}
+    assert rec["build_minutes"] == 3.0 and rec["padded"] is True
+    assert rec["repeated_4gram_share"]["held_out"] == 0.1
+    with pytest.raises(ValueError, match="accept_only"):
+        _cfg(tmp_path, accept_only=["on@topk4"], accept_temperatures=[0.0])
