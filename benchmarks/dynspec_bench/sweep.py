@@ -237,8 +237,9 @@ class Sweep:
             return
         self.record["pair"] = man
         secs = man.get("phase_seconds") or {}
+        total = secs.get("total", sum(float(v) for v in secs.values()))
         if secs:
-            self.record["build_minutes"] = round(sum(float(v) for v in secs.values()) / 60.0, 2)
+            self.record["build_minutes"] = round(float(total) / 60.0, 2)
         for key in ("repeated_4gram_share", "offline_greedy_accept_topk1_2steps"):
             if key in man:
                 self.record[key] = man[key]
