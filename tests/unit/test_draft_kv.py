@@ -56,3 +56,18 @@ def test_setting_selects_the_sync(monkeypatch):
     assert draft_kv.sync_setting() == "full"
     monkeypatch.delenv("SGLANG_DYNSPEC_OFFSTEP_DRAFT_SYNC")
     assert draft_kv.sync_setting() == "light"
+
+
+def test_prepare_turns_the_light_sync_on_only_where_allowed(monkeypatch):
+    r = runner()
+    r.model_config = NS(hidden_size=8, dtype="bf16")
+    st = {}
+    draft_kv.prepare(st, r, 4, "test")
+    assert st["light"] is True and (st["topk"], st["draft_hidden"], st["draft_dtype"]) == (4, 8, "bf16")
+    st = {}
+    draft_kv.prepare(st, runner(LlamaForCausalLMEagle3(layers=2)), 4, "test")
+    assert st == {}
+    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_DRAFT_SYNC", "full")
+    st = {}
+    draft_kv.prepare(st, r, 4, "test")
+    assert st == {}

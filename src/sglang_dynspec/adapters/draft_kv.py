@@ -101,6 +101,25 @@ def write(draft_model_runner, tokens, target_hidden, positions, locs) -> None:
             pool.set_kv_buffer(ra, locs, k, v, ra.k_scale, ra.v_scale)
 
 
+def prepare(state: dict, draft_model_runner, topk: int, who: str) -> None:
+    """Turn the light sync on in an adapter's per-worker ``state`` where setting and draft allow
+    (keys ``light``, ``placeholders``, ``topk``, ``draft_hidden``, ``draft_dtype``); logs the choice."""
+    import logging
+
+    log = logging.getLogger("sglang_dynspec.adapters.draft_kv")
+    if sync_setting() != "light":
+        log.info("dynspec %s: off-steps sync the draft through its draft-extend (offstep_draft_sync=full)", who)
+        return
+    reason = unsupported_reason(draft_model_runner)
+    if reason:
+        log.info("dynspec %s: off-steps sync the draft through its draft-extend (%s)", who, reason)
+        return
+    mc = draft_model_runner.model_config
+    state.update(light=True, placeholders=Placeholders(), topk=int(topk),
+                 draft_hidden=int(mc.hidden_size), draft_dtype=mc.dtype)
+    log.info("dynspec %s: off-steps write the draft KV directly (light sync; a resume step precedes speculation)", who)
+
+
 class Placeholders:
     """Zero ``topk_p`` / ``topk_index`` / draft hidden rows for a draft input after a light sync.
 

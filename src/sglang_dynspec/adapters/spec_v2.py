@@ -392,22 +392,8 @@ def prepare(worker) -> None:
     if unsupported_reason(worker):
         return
     st["graphs"] = offstep_graphs.prepare(worker, need_hidden=_needs_hidden(worker))
-    _prepare_light_sync(worker, st)
-
-
-def _prepare_light_sync(worker, st: dict) -> None:
-    if draft_kv.sync_setting() != "light":
-        logger.info("dynspec: off-steps sync the draft through its draft-extend (offstep_draft_sync=full)")
-        return
-    runner = getattr(getattr(worker, "draft_worker", None), "draft_runner", None)
-    reason = draft_kv.unsupported_reason(runner)
-    if reason:
-        logger.info("dynspec: off-steps sync the draft through its draft-extend (%s)", reason)
-        return
-    mc = runner.model_config
-    st.update(light=True, placeholders=draft_kv.Placeholders(), topk=int(worker.topk),
-              draft_hidden=int(mc.hidden_size), draft_dtype=mc.dtype)
-    logger.info("dynspec: off-steps write the draft KV directly (light sync; a resume step precedes speculation)")
+    draft_kv.prepare(st, getattr(getattr(worker, "draft_worker", None), "draft_runner", None),
+                     getattr(worker, "topk", 1), "spec_v2")
 
 
 # --------------------------------------------------------------------------------------------

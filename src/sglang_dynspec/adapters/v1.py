@@ -252,18 +252,7 @@ def prepare(worker) -> None:
     state: dict[str, Any] = {"graphs": None}
     setattr(worker, _GRAPH_STATE_ATTR, state)  # first: a failing capture is not retried
     state["graphs"] = offstep_graphs.prepare(worker, need_hidden=_needs_hidden(worker))
-    if draft_kv.sync_setting() != "light":
-        logger.info("sglang-dynspec v1: off-steps sync the draft through its draft-extend (offstep_draft_sync=full)")
-        return
-    runner = getattr(worker, "draft_model_runner", None)
-    reason = draft_kv.unsupported_reason(runner)
-    if reason:
-        logger.info("sglang-dynspec v1: off-steps sync the draft through its draft-extend (%s)", reason)
-        return
-    mc = runner.model_config
-    state.update(light=True, placeholders=draft_kv.Placeholders(), topk=int(worker.topk),
-                 draft_hidden=int(mc.hidden_size), draft_dtype=mc.dtype)
-    logger.info("sglang-dynspec v1: off-steps write the draft KV directly (light sync)")
+    draft_kv.prepare(state, getattr(worker, "draft_model_runner", None), getattr(worker, "topk", 1), "v1")
 
 
 def resume_pending(worker) -> bool:
