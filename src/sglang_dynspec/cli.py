@@ -187,7 +187,7 @@ def main(argv=None) -> int:
     sub.add_parser("policies", help="registered policies, third-party ones included").set_defaults(fn=_policies)
     r = sub.add_parser("replay", help="project policies on recorded step costs (CPU only)")
     r.add_argument("--profile", default="h200-trained-pair",
-                   help="built-in profile (h200-trained-pair, h200-dummy-0512) or a profile JSON path")
+                   help="built-in profile (h200-trained-pair, h200-pair-0512, h200-dummy-0512) or a profile JSON path")
     r.add_argument("--policy", action="append", help="policy to compare (repeatable; default goodput, threshold)")
     r.add_argument("--policy-args", help="JSON object for a single --policy")
     r.add_argument("-C", "--concurrency", type=lambda t: [int(x) for x in t.split(",")],

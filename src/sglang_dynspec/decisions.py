@@ -3,6 +3,14 @@
 No SGLang imports here.  The adapters call :meth:`Controller.on_decode` once per decode
 batch (before the forward), :meth:`Controller.on_other` for extend/idle batches and
 :meth:`Controller.on_result` once the scheduler has the accepted-draft count.
+
+Step costs are wall-clock intervals between decode forwards, *including* the prefill batches
+that run in between: in a mode's cost goes the time the server spends per decode step while in
+that mode, prefills included.  Speculation changes how prefills batch (requests of one batch
+finish at different steps, so their replacements arrive one or two at a time instead of
+together), and a cost that left them out favoured speculation by up to 2x on a trained pair
+(benchmarks/results/pair-sweep.json).  Idle time is not a cost: a decode interval far longer
+than the estimate (a gap before new requests arrived) is dropped.
 """
 
 from __future__ import annotations
@@ -72,6 +80,7 @@ class Controller:
         self.accept_samples = 0
         # timing chain: the previous decode step's (start time, mode, bs)
         self._t_prev: float | None = None
+        self._t_other: float | None = None  # start of the first non-decode batch since _t_prev
         self._mode_prev = True
         self._bs_prev = 0
 
@@ -96,11 +105,15 @@ class Controller:
         """
         now = self.clock()
         if self._t_prev is not None:
-            dt = now - self._t_prev
+            # The decode part (up to the first extend, if any) must look like a step: a gap
+            # before new requests arrived or a stall is not a cost.  Prefill time after it is.
+            cut = self._t_other if self._t_other is not None else now
+            dt = cut - self._t_prev
+            extend = now - cut
             est = self.costs.estimate_local(self._mode_prev, self._bs_prev)
-            # Intervals spanning an idle gap or a stall are not step costs.
-            if dt < 1.0 and (est is None or dt < 5.0 * est):
-                self.costs.observe(self._mode_prev, self._bs_prev, dt)
+            if dt < 1.0 and (est is None or dt < 5.0 * est) and extend < 1.0:
+                self.costs.observe(self._mode_prev, self._bs_prev, dt + extend)
+        self._t_other = None
         if self.step % self.sync_interval == 0 and self.step > 0:
             self._refresh_view()
 
@@ -139,8 +152,14 @@ class Controller:
         self._mode_prev = False
 
     def on_other(self) -> None:
-        """An extend / idle / mixed batch ran: the next interval is no decode step cost."""
+        """An extend / mixed / declined batch starts: its time joins the previous decode step's."""
+        if self._t_other is None:
+            self._t_other = self.clock()
+
+    def on_idle(self) -> None:
+        """The server was idle (or this is a new run): no interval spans this point."""
         self._t_prev = None
+        self._t_other = None
 
     def on_result(self, decode_bs: int, accepted_drafts: int) -> None:
         """Accepted drafts of one speculative step (from the scheduler; rank-identical)."""

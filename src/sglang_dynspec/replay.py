@@ -24,6 +24,7 @@ from .policies import build_policy
 BUILTIN_PROFILES = {
     "h200-trained-pair": "profile-h200-trained-pair.json",
     "h200-dummy-0512": "profile-h200-dummy-0512.json",
+    "h200-pair-0512": "profile-h200-pair-0512.json",
 }
 
 
@@ -146,7 +147,7 @@ def simulate(profile: Profile, policy_spec: str, phases: list[Phase], *, policy_
         ctl = state.get("controller")
         if ctl is None:
             ctl = state["controller"] = Controller(build_policy(policy_spec, policy_args or {}), clock=clock)
-        ctl.on_other()  # a new run starts after an idle gap
+        ctl.on_idle()  # a new run starts after an idle gap
     t_start = clock.t
     res = RunResult(static or policy_spec)
     acc = profile.accept_length
@@ -183,9 +184,9 @@ def simulate(profile: Profile, policy_spec: str, phases: list[Phase], *, policy_
             res.tokens += produced
             done += refilled
             if refilled and prefill_s and (requests is None or done < requests):
-                clock.t += prefill_s * refilled / bs
                 if ctl is not None:
-                    ctl.on_other()  # a prefill batch ran between two decode steps
+                    ctl.on_other()  # a prefill batch runs between two decode steps
+                clock.t += prefill_s * refilled / bs
             if ctl is not None and on:
                 ctl.on_result(bs, int(round((acc - 1.0) * bs)))
             res.steps_on += on

@@ -46,16 +46,33 @@ def test_step_costs_measured_from_intervals_and_agreed():
     assert c.view.estimate(False, 8) is None
 
 
-def test_other_batches_break_the_timing_chain():
+def test_prefill_time_joins_the_previous_steps_cost_idle_time_does_not():
     clock = Clock()
     c = Controller(build_policy("always", {}), clock=clock, sync_interval=1)
+    for _ in range(5):  # steps of 10 ms
+        c.on_decode(4)
+        clock.t += 0.010
+    assert c.costs.estimate_local(True, 4) == pytest.approx(0.010)
     c.on_decode(4)
-    clock.t += 0.5  # a prefill ran in between
+    clock.t += 0.010
+    c.on_other()  # a prefill of 30 ms between two decode steps
+    clock.t += 0.020
+    c.on_other()  # a second chunk: still the same interval
+    clock.t += 0.010
+    c.on_decode(4)
+    n = c.costs.count[1][4]
+    assert n == 6 and c.costs.estimate_local(True, 4) == pytest.approx(0.010 + 0.030 / 6)
+    # An idle gap before new requests arrive (decode part 50x the estimate): dropped.
+    clock.t += 0.5
     c.on_other()
+    clock.t += 0.010
     c.on_decode(4)
-    clock.t += 0.01
+    assert c.costs.count[1][4] == 6
+    # A new run after idling: no interval spans it.
+    c.on_idle()
+    clock.t += 0.003
     c.on_decode(4)
-    assert c.costs.estimate_local(True, 4) == pytest.approx(0.01)
+    assert c.costs.count[1][4] == 6
 
 
 def test_acceptance_estimate():

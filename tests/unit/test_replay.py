@@ -47,7 +47,7 @@ def test_goodput_learns_the_better_mode_per_load():
 
 
 def test_builtin_profiles_load():
-    for name in ("h200-trained-pair", "h200-dummy-0512"):
+    for name in ("h200-trained-pair", "h200-dummy-0512", "h200-pair-0512"):
         prof = load_profile(name)
         assert prof.accept_length >= 1.0 and set(prof.points) == {"plain", "spec", "offstep"}
 
