@@ -10,7 +10,7 @@
 #   DYNSPEC_PAIR_TARGET_S target training seconds (default 120)
 #   DYNSPEC_PAIR_DRAFT_S  draft training seconds (default 65)
 #   DYNSPEC_PAIR_END_S    seconds after start when no new level starts (default 570)
-#   DYNSPEC_PAIR_C        concurrency levels (default 1,2,5,10,30,70,100,250)
+#   DYNSPEC_PAIR_C        concurrency levels (default 1,2,5,10,30,70,100,128,250: the sweep plus 128 for its step-time figure)
 #   DYNSPEC_PAIR_MODES    swept modes (default off,on,dynspec:goodput); on@topk4 always gets the
 #                         accept pass only (greedy and temperature 0.7, like every `on` mode)
 #   DYNSPEC_PAIR_DIR      where the pair is written (default /tmp/pair; weights never come back)
@@ -32,7 +32,7 @@ SITE=${DYNSPEC_SITE:-/tmp/site}
 PAIR=${DYNSPEC_PAIR_DIR:-/tmp/pair}
 KIND=${DYNSPEC_PAIR_TARGET:-padded}
 END_S=${DYNSPEC_PAIR_END_S:-570}
-LEVELS=${DYNSPEC_PAIR_C:-1,2,5,10,30,70,100,250}
+LEVELS=${DYNSPEC_PAIR_C:-1,2,5,10,30,70,100,128,250}
 mkdir -p "$OUT"
 note() { echo "[run_pair +$(( $(date +%s) - T0 ))s] $*"; }
 
