@@ -26,26 +26,42 @@ NUM_BUCKETS = bucket(MAX_BS) + 1
 
 
 class CostTable:
-    """Local measurements: an average that turns into an EMA once a bucket has history."""
+    """Local measurements: an average that turns into an EMA once a bucket has history.
 
-    def __init__(self, alpha: float = 0.1):
+    A step's cost has two parts: the decode interval itself (steady, tracked with ``alpha``)
+    and the prefill time that ran before the next decode step (bursty: one large prefill every
+    few hundred steps when a batch's requests finish together), tracked per step with the much
+    slower ``extend_alpha`` so that one burst does not swing the estimate for the next steps.
+    """
+
+    def __init__(self, alpha: float = 0.1, extend_alpha: float = 0.005):
         self.alpha = alpha
+        self.extend_alpha = extend_alpha
         n = NUM_BUCKETS
         # index 0 = off, 1 = on
         self.time = [[0.0] * n, [0.0] * n]
+        self.extend = [[0.0] * n, [0.0] * n]
         self.count = [[0] * n, [0] * n]
         self.mean_bs = [[0.0] * n, [0.0] * n]
 
-    def observe(self, on: bool, bs: int, seconds: float) -> None:
+    def observe(self, on: bool, bs: int, seconds: float, extend_seconds: float = 0.0) -> None:
         b = bucket(min(bs, MAX_BS))
         m = 1 if on else 0
         c = self.count[m][b] + 1
         w = max(1.0 / c, self.alpha)
         self.time[m][b] += w * (seconds - self.time[m][b])
+        we = max(1.0 / c, self.extend_alpha)
+        self.extend[m][b] += we * (extend_seconds - self.extend[m][b])
         self.mean_bs[m][b] += w * (bs - self.mean_bs[m][b])
         self.count[m][b] = c
 
     def estimate_local(self, on: bool, bs: int) -> float | None:
+        b = bucket(min(bs, MAX_BS))
+        m = 1 if on else 0
+        return self.time[m][b] + self.extend[m][b] if self.count[m][b] else None
+
+    def decode_local(self, on: bool, bs: int) -> float | None:
+        """The decode-interval part alone (what a stall or idle gap is judged against)."""
         b = bucket(min(bs, MAX_BS))
         m = 1 if on else 0
         return self.time[m][b] if self.count[m][b] else None
@@ -56,7 +72,8 @@ class CostTable:
         for m in (0, 1):
             for b in range(NUM_BUCKETS):
                 has = 1.0 if self.count[m][b] else 0.0
-                out += (self.time[m][b] * has, self.mean_bs[m][b] * has, has, float(self.count[m][b]))
+                t = self.time[m][b] + self.extend[m][b]
+                out += (t * has, self.mean_bs[m][b] * has, has, float(self.count[m][b]))
         return out
 
 
@@ -88,7 +105,7 @@ class CostView:
     def from_table(cls, table: CostTable, version: int = 0) -> "CostView":
         """A single rank's view: copies of its own lists (no vector round trip)."""
         v = cls(None, version)
-        v.time = [list(table.time[0]), list(table.time[1])]
+        v.time = [[t + e for t, e in zip(table.time[m], table.extend[m])] for m in (0, 1)]
         v.count = [list(table.count[0]), list(table.count[1])]
         v.mean_bs = [list(table.mean_bs[0]), list(table.mean_bs[1])]
         v.fit = [v._fit(0), v._fit(1)]

@@ -9,8 +9,9 @@ that run in between: in a mode's cost goes the time the server spends per decode
 that mode, prefills included.  Speculation changes how prefills batch (requests of one batch
 finish at different steps, so their replacements arrive one or two at a time instead of
 together), and a cost that left them out favoured speculation by up to 2x on a trained pair
-(benchmarks/results/pair-sweep.json).  Idle time is not a cost: a decode interval far longer
-than the estimate (a gap before new requests arrived) is dropped.
+(benchmarks/results/pair-sweep.json).  The prefill part is averaged over many more steps than
+the decode part (``CostTable``), since it comes in bursts.  Idle time is not a cost: a decode
+interval far longer than the estimate (a gap before new requests arrived) is dropped.
 """
 
 from __future__ import annotations
@@ -110,9 +111,9 @@ class Controller:
             cut = self._t_other if self._t_other is not None else now
             dt = cut - self._t_prev
             extend = now - cut
-            est = self.costs.estimate_local(self._mode_prev, self._bs_prev)
+            est = self.costs.decode_local(self._mode_prev, self._bs_prev)
             if dt < 1.0 and (est is None or dt < 5.0 * est) and extend < 1.0:
-                self.costs.observe(self._mode_prev, self._bs_prev, dt + extend)
+                self.costs.observe(self._mode_prev, self._bs_prev, dt, extend)
         self._t_other = None
         if self.step % self.sync_interval == 0 and self.step > 0:
             self._refresh_view()

@@ -168,3 +168,22 @@ def test_observers_through_pluggy():
     for bs in [1, 8, 1, 1]:
         c.on_decode(bs)
     assert seen == {"decisions": 4, "switches": 2}
+
+
+def test_a_prefill_burst_does_not_swing_the_estimate():
+    """Lockstep batches: every 128 steps of 5 ms all requests finish and one 150 ms prefill runs.
+    The estimate must stay near the true mean cost per step (5 + 150/128 ms) right after a burst,
+    or a policy would flip mode for the steps that follow it."""
+    clock = Clock()
+    c = Controller(build_policy("never", {}), clock=clock, sync_interval=1)
+    mean = 0.005 + 0.150 / 128
+    worst = 0.0
+    for step in range(128 * 20):
+        c.on_decode(32)
+        clock.t += 0.005
+        if step % 128 == 127:
+            c.on_other()
+            clock.t += 0.150
+        if step > 128 * 5:
+            worst = max(worst, abs(c.costs.estimate_local(False, 32) / mean - 1.0))
+    assert worst < 0.2
