@@ -150,7 +150,9 @@ def first_field(cls, names) -> str | None:
     return next((n for n in names if n in have), None)
 
 
+@lru_cache(maxsize=None)
 def dataclass_field_names(cls) -> frozenset:
+    # Cached: called several times per off-step, and the classes never change in a process.
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
@@ -200,6 +202,7 @@ def v2_worker_class():
     return getattr(v2_worker_module(), V2_CLASS)
 
 
+@lru_cache(maxsize=None)
 def v2_input_kind() -> str:
     """``"model_worker_batch"`` (<= 0.5.12) or ``"schedule_batch"`` (>= 0.5.13), from the
     first parameter name of the installed ``EAGLEWorkerV2.forward_batch_generation``."""
