@@ -122,6 +122,13 @@ def graph_guard_target(v: Version | None = None) -> str:
     return GRAPH_CAN_RUN_NEW if v is not None and base_version(v) >= FIRST_SPLIT_GRAPH_RUNNERS else GRAPH_CAN_RUN_OLD
 
 
+def target_graph_runner_class():
+    """The target's decode graph runner class of the installed release (the owner of the guarded
+    ``can_run``; renamed and moved in 0.5.14)."""
+    owner, _attr, _fn = resolve(graph_guard_target())
+    return owner
+
+
 def resolve(target: str):
     """(owner object, attribute name, current value) of a dotted target; imports its module.
 
@@ -146,7 +153,7 @@ def resolve(target: str):
 
 def first_field(cls, names) -> str | None:
     """The first of ``names`` that the dataclass ``cls`` has (release-dependent field names)."""
-    have = {f.name for f in dataclasses.fields(cls)}
+    have = dataclass_field_names(cls)
     return next((n for n in names if n in have), None)
 
 
@@ -265,11 +272,16 @@ def draft_contexts(worker) -> contextlib.ExitStack:
     elif hasattr(dw, "parallel_layout") and callable(getattr(mod, "draft_tp_context", None)):
         # 0.5.23: module-level draft_tp_context(parallel_layout).
         stack.enter_context(mod.draft_tp_context(dw.parallel_layout))
+    _enter_moe_contexts(stack, mod)
+    return stack
+
+
+def _enter_moe_contexts(stack: contextlib.ExitStack, worker_module) -> None:
+    # The speculative MoE backend contexts, imported into the worker module's namespace.
     for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
-        fn = getattr(mod, name, None)
+        fn = getattr(worker_module, name, None)
         if callable(fn):
             stack.enter_context(fn())
-    return stack
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,8 +304,7 @@ def build_draft_input(tokens, *, topk_p, topk_index, hidden_states):
     from sglang.srt.speculative import eagle_info
 
     cls = eagle_info.EagleDraftInput
-    field = "bonus_tokens" if "bonus_tokens" in dataclass_field_names(cls) else "verified_id"
-    return cls(**{field: tokens}, topk_p=topk_p, topk_index=topk_index, hidden_states=hidden_states,
+    return cls(**{draft_input_bonus_field(cls): tokens}, topk_p=topk_p, topk_index=topk_index, hidden_states=hidden_states,
                capture_hidden_mode=CaptureHiddenMode.LAST)
 
 
@@ -364,18 +375,13 @@ def build_draft_extend_input(*, hidden_states, tokens, seq_lens, seq_lens_cpu, r
 
 def result_kwargs(result_cls, *, bs: int) -> dict:
     """Accepted-draft fields (all zero) under the installed GenerationBatchResult's names."""
-    names = dataclass_field_names(result_cls)
-    out = {}
-    for f in ACCEPTED_FIELDS:
-        if f in names:
-            out[f] = 0
-            break
-    else:
+    count = first_field(result_cls, ACCEPTED_FIELDS)
+    if count is None:
         raise RuntimeError("sglang-dynspec v1 adapter: GenerationBatchResult has no accepted-draft count field")
-    for f in ACCEPTED_PER_REQ_FIELDS:
-        if f in names:
-            out[f] = [0] * bs
-            break
+    out = {count: 0}
+    per_req = first_field(result_cls, ACCEPTED_PER_REQ_FIELDS)
+    if per_req is not None:
+        out[per_req] = [0] * bs
     return out
 
 
@@ -387,10 +393,7 @@ def spec_contexts(worker):
     tp_ctx = getattr(worker, "draft_tp_context", None)
     if tp_ctx is not None:
         stack.enter_context(tp_ctx(worker.draft_model_runner.tp_group))
-    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
-        fn = getattr(ew, name, None)  # imported into eagle_worker's namespace in every release
-        if fn is not None:
-            stack.enter_context(fn())
+    _enter_moe_contexts(stack, ew)
     return stack
 
 

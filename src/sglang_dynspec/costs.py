@@ -55,6 +55,10 @@ class CostTable:
         self.mean_bs[m][b] += w * (bs - self.mean_bs[m][b])
         self.count[m][b] = c
 
+    def totals(self, m: int) -> list[float]:
+        """Per-bucket step cost of mode index ``m``: decode interval + prefill share."""
+        return [t + e for t, e in zip(self.time[m], self.extend[m])]
+
     def estimate_local(self, on: bool, bs: int) -> float | None:
         b = bucket(min(bs, MAX_BS))
         m = 1 if on else 0
@@ -70,10 +74,10 @@ class CostTable:
         """Flat vector for a SUM all-reduce: (time*has, bs*has, has, count) per mode and bucket."""
         out: list[float] = []
         for m in (0, 1):
+            total = self.totals(m)
             for b in range(NUM_BUCKETS):
                 has = 1.0 if self.count[m][b] else 0.0
-                t = self.time[m][b] + self.extend[m][b]
-                out += (t * has, self.mean_bs[m][b] * has, has, float(self.count[m][b]))
+                out += (total[b] * has, self.mean_bs[m][b] * has, has, float(self.count[m][b]))
         return out
 
 
@@ -105,7 +109,7 @@ class CostView:
     def from_table(cls, table: CostTable, version: int = 0) -> "CostView":
         """A single rank's view: copies of its own lists (no vector round trip)."""
         v = cls(None, version)
-        v.time = [[t + e for t, e in zip(table.time[m], table.extend[m])] for m in (0, 1)]
+        v.time = [table.totals(0), table.totals(1)]
         v.count = [list(table.count[0]), list(table.count[1])]
         v.mean_bs = [list(table.mean_bs[0]), list(table.mean_bs[1])]
         v.fit = [v._fit(0), v._fit(1)]

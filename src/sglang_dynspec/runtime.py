@@ -153,7 +153,7 @@ def attach(scheduler: Any) -> WorkerState | None:
     prep = getattr(adapter, "prepare", None) if adapter is not None else None
     if prep is not None and settings.policy != "always":
         try:
-            prep(worker)
+            prep(worker, settings)
         except Exception:
             logger.exception("sglang-dynspec: adapter prepare() failed; off-steps stay eager")
     logger.warning(
@@ -195,18 +195,18 @@ def _forward(original, worker, batch, *args, **kwargs):
     speculate = ctl.on_decode(bs, running, waiting, force_off=force_off)
     if st.stats_writer is not None or st.prometheus is not None:
         _report(st)
+    full_sync = False
     if speculate:
         if st.resume_pending is None or not st.resume_pending(worker):
             return original(worker, batch, *args, **kwargs)
-        # Rank-identical: it depends only on the previous (agreed) decisions.
+        # A resume step: an off-step that refreshes the draft fully.  Rank-identical: it depends
+        # only on the previous (agreed) decisions.
         ctl.note_resume()
-        result = st.forward_off(worker, batch, *args, full_sync=True, **kwargs)
-        result._dynspec_off = True
-        return result
-    if st.forward_off is None:
+        full_sync = True
+    elif st.forward_off is None:
         st.off_not_applied += 1
         return original(worker, batch, *args, **kwargs)
-    result = st.forward_off(worker, batch, *args, **kwargs)
+    result = st.forward_off(worker, batch, *args, full_sync=full_sync, **kwargs)
     result._dynspec_off = True  # lets the result hook skip acceptance accounting
     return result
 

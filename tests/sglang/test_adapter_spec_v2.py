@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_dynspec import compat
+from sglang_dynspec.config import DynspecSettings
 
 pytestmark = pytest.mark.sglang
 
@@ -133,9 +134,7 @@ def test_offstep_graph_support_per_release(m, sglang_version):
     # Supported: every piece offstep_graphs.capture calls takes the arguments it passes.
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-    from sglang_dynspec.adapters import offstep_graphs
-
-    runner_cls = offstep_graphs.runner_class()
+    runner_cls = compat.target_graph_runner_class()
     _bind(runner_cls.__init__, object(), object(), attn_backend=object())
     _bind(ModelRunner._get_attention_backend, object(), init_new_workspace=True)
     src = inspect.getsource(runner_cls.__init__)
@@ -145,7 +144,6 @@ def test_offstep_graph_support_per_release(m, sglang_version):
 
 
 def test_prepare_captures_graphs_only_where_supported(m, up, monkeypatch):
-    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "1")
     captured = []
     from sglang_dynspec.adapters import offstep_graphs
 
@@ -153,7 +151,7 @@ def test_prepare_captures_graphs_only_where_supported(m, up, monkeypatch):
     w = _worker(up)
     w.server_args.disable_cuda_graph = False
     w._target_worker.model_runner.is_draft_worker = False
-    m.prepare(w)
+    m.prepare(w, DynspecSettings(offstep_graphs=True))
     graphs = w.__dict__[m._STATE_ATTR]["graphs"]
     if m.offstep_graphs_unsupported() is None:
         assert captured == [w.target_worker.model_runner] and graphs == {"runner": "stub"}
@@ -513,10 +511,14 @@ def test_forward_off_standalone_captures_nothing(m, up):
 
 
 def test_prepare_without_graphs_is_noop(m, up, monkeypatch):
-    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "0")
+    from sglang_dynspec.adapters import offstep_graphs
+
+    monkeypatch.setattr(offstep_graphs, "capture", lambda mr, need_hidden: pytest.fail("must not capture"))
     w = _worker(up)
-    m.prepare(w)
-    m.prepare(w)  # idempotent
+    w.server_args.disable_cuda_graph = False
+    settings = DynspecSettings(offstep_graphs=False)
+    m.prepare(w, settings)
+    m.prepare(w, settings)  # idempotent
     assert w.__dict__[m._STATE_ATTR]["graphs"] is None
 
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_dynspec import compat
+from sglang_dynspec.config import DynspecSettings
 
 pytestmark = pytest.mark.sglang
 
@@ -247,14 +248,13 @@ def test_describe_is_plain_data(v1):
 def test_prepare_captures_decode_graphs_where_the_release_allows(v1, monkeypatch):
     from sglang_dynspec.adapters import offstep_graphs
 
-    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "1")
     captured = []
     monkeypatch.setattr(offstep_graphs, "capture",
                         lambda mr, need_hidden: captured.append((mr, need_hidden)) or {"runner": "stub", "gib": 0.1})
     w = _worker()
     w.server_args.disable_cuda_graph = False
-    v1.prepare(w)
-    v1.prepare(w)  # once per worker
+    v1.prepare(w, DynspecSettings(offstep_graphs=True))
+    v1.prepare(w, DynspecSettings(offstep_graphs=True))  # once per worker
     supported = offstep_graphs.release_unsupported() is None
     assert captured == ([(w.target_worker.model_runner, True)] if supported else [])
     assert v1.describe(w)["offstep_graphs"]["active"] is supported
@@ -272,15 +272,13 @@ def test_prepare_respects_the_setting_and_server_flags(v1, monkeypatch):
     from sglang_dynspec.adapters import offstep_graphs
 
     monkeypatch.setattr(offstep_graphs, "capture", lambda mr, need_hidden: pytest.fail("must not capture"))
-    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "0")
     w = _worker()
     w.server_args.disable_cuda_graph = False
-    v1.prepare(w)
+    v1.prepare(w, DynspecSettings(offstep_graphs=False))
     assert v1.describe(w)["offstep_graphs"]["active"] is False
-    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "1")
     w = _worker()
     w.server_args.disable_cuda_graph = True
-    v1.prepare(w)
+    v1.prepare(w, DynspecSettings(offstep_graphs=True))
     assert v1.describe(w)["offstep_graphs"]["active"] is False
 
 

@@ -18,7 +18,7 @@ from benchmarks.dynspec_bench.prompts import random_prompts  # noqa: E402
 from benchmarks.dynspec_bench.results import validate  # noqa: E402
 from benchmarks.dynspec_bench.server import ServerProcess, http_get  # noqa: E402
 from benchmarks.dynspec_bench.testing.fake_server import token_for  # noqa: E402
-from benchmarks.dynspec_bench.testing.fixtures import free_port, python_path_env, start_fake  # noqa: E402
+from benchmarks.dynspec_bench.testing.fixtures import free_port, start_fake, use_fake_servers  # noqa: E402
 
 # Opt-outs and aborts far more often than the GPU default so a short CPU run surely has them.
 TEST_MIX = dict(p_optout=0.15, p_abort=0.2, p_stop=0.2, long_prompt_len=600, prefix_len=64, suffix_len=8,
@@ -122,10 +122,7 @@ def test_fake_honours_stop_ids_and_reports_cache_hits(fake):
 # ---- the whole fault run on fake servers --------------------------------------------------------
 @pytest.fixture
 def shim_env(monkeypatch):
-    for k, v in python_path_env(shim=True).items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("FAKE_SGLANG_TOKEN_DELAY_S", "0.001")
-    monkeypatch.setenv("FAKE_SGLANG_STARTUP_S", "0.2")
+    use_fake_servers(monkeypatch, 0.001)
     monkeypatch.setattr(fuzz, "STATS_SETTLE_S", 0.4)
 
 

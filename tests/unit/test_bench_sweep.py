@@ -17,7 +17,7 @@ from benchmarks.dynspec_bench.modes import ServerConfig  # noqa: E402
 from benchmarks.dynspec_bench.results import RESULT_SCHEMA, validate  # noqa: E402
 from benchmarks.dynspec_bench.server import ServerProcess  # noqa: E402
 from benchmarks.dynspec_bench.sweep import Sweep, SweepConfig  # noqa: E402
-from benchmarks.dynspec_bench.testing.fixtures import free_port, python_path_env  # noqa: E402
+from benchmarks.dynspec_bench.testing.fixtures import free_port, use_fake_servers  # noqa: E402
 
 FLIP = 3
 
@@ -25,10 +25,7 @@ FLIP = 3
 @pytest.fixture
 def shim_env(monkeypatch):
     # Servers are launched the real way (python -m sglang.launch_server); the shim is that sglang.
-    for k, v in python_path_env(shim=True).items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("FAKE_SGLANG_TOKEN_DELAY_S", "0.002")
-    monkeypatch.setenv("FAKE_SGLANG_STARTUP_S", "0.2")
+    use_fake_servers(monkeypatch, 0.002)
     monkeypatch.setattr(sweep_mod, "STATS_SETTLE_S", 0.4)
 
 

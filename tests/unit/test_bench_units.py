@@ -97,12 +97,9 @@ def test_prompts_seeded_distinct_and_in_range(tmp_path):
 def fake_launch(monkeypatch):
     pytest.importorskip("aiohttp")
     from benchmarks.dynspec_bench.server import ServerProcess
-    from benchmarks.dynspec_bench.testing.fixtures import free_port, python_path_env
+    from benchmarks.dynspec_bench.testing.fixtures import free_port, use_fake_servers
 
-    for k, v in python_path_env(shim=True).items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("FAKE_SGLANG_TOKEN_DELAY_S", "0.001")
-    monkeypatch.setenv("FAKE_SGLANG_STARTUP_S", "0.2")
+    use_fake_servers(monkeypatch, 0.001)
 
     def factory(spec, log_dir):
         spec.port = free_port()

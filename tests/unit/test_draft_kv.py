@@ -2,6 +2,8 @@
 
 from types import SimpleNamespace as NS
 
+import pytest
+
 from sglang_dynspec.adapters import draft_kv
 
 
@@ -52,22 +54,24 @@ def test_placeholders_are_shared_zero_rows():
 
 
 def test_setting_selects_the_sync(monkeypatch):
-    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_DRAFT_SYNC", "full")
-    assert draft_kv.sync_setting() == "full"
-    monkeypatch.delenv("SGLANG_DYNSPEC_OFFSTEP_DRAFT_SYNC")
-    assert draft_kv.sync_setting() == "light"
+    from sglang_dynspec.config import ConfigError, load_settings
+
+    assert load_settings({}).settings.offstep_draft_sync == "light"
+    env = {"SGLANG_DYNSPEC_OFFSTEP_DRAFT_SYNC": "full"}
+    assert load_settings(env).settings.offstep_draft_sync == "full"
+    with pytest.raises(ConfigError, match="offstep_draft_sync"):
+        load_settings({"SGLANG_DYNSPEC_OFFSTEP_DRAFT_SYNC": "fast"})
 
 
-def test_prepare_turns_the_light_sync_on_only_where_allowed(monkeypatch):
+def test_prepare_turns_the_light_sync_on_only_where_allowed():
     r = runner()
     r.model_config = NS(hidden_size=8, dtype="bf16")
     st = {}
-    draft_kv.prepare(st, r, 4, "test")
+    draft_kv.prepare(st, r, 4, "test", "light")
     assert st["light"] is True and (st["topk"], st["draft_hidden"], st["draft_dtype"]) == (4, 8, "bf16")
     st = {}
-    draft_kv.prepare(st, runner(LlamaForCausalLMEagle3(layers=2)), 4, "test")
+    draft_kv.prepare(st, runner(LlamaForCausalLMEagle3(layers=2)), 4, "test", "light")
     assert st == {}
-    monkeypatch.setenv("SGLANG_DYNSPEC_OFFSTEP_DRAFT_SYNC", "full")
     st = {}
-    draft_kv.prepare(st, r, 4, "test")
+    draft_kv.prepare(st, r, 4, "test", "full")
     assert st == {}

@@ -27,6 +27,15 @@ def python_path_env(shim: bool = False) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(parts)}
 
 
+def use_fake_servers(monkeypatch, token_delay_s: float) -> None:
+    """Make ``python -m sglang.launch_server`` start the fake server (the shim is that sglang),
+    generating a token every ``token_delay_s``, ready after 0.2 s."""
+    for k, v in python_path_env(shim=True).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("FAKE_SGLANG_TOKEN_DELAY_S", str(token_delay_s))
+    monkeypatch.setenv("FAKE_SGLANG_STARTUP_S", "0.2")
+
+
 def fake_spec(name: str, log_dir, env: dict | None = None, spec: bool = False, extra_args=None) -> ServerSpec:
     port = free_port()
     args = ["--port", str(port)] + (["--speculative-algorithm", "EAGLE3"] if spec else []) + list(extra_args or [])

@@ -15,6 +15,11 @@ lives in `runtime.around_graph_can_run`.
     returning the result object the installed release's scheduler expects.  ``args``/``kwargs``
     are the remaining arguments of ``forward_batch_generation`` (e.g. ``on_publish``).
 
-``prepare(worker) -> None``
-    Optional one-time setup on the first decode step of a worker (e.g. capturing graphs).
+``prepare(worker, settings) -> None``
+    Optional one-time setup before the worker serves (off-step graphs, light draft sync),
+    following ``settings`` (the loaded ``DynspecSettings``).
+
+``resume_pending(worker) -> bool``
+    Optional: the last off-step left the draft without outputs to draft from, so a step that
+    would speculate must run ``forward_off(..., full_sync=True)`` first.
 """

@@ -17,17 +17,8 @@ full draft-extend sync.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
-
-
-def sync_setting() -> str:
-    """The ``offstep_draft_sync`` setting (``light`` unless configured otherwise)."""
-    try:
-        from ..config import load_settings
-
-        return load_settings().settings.offstep_draft_sync
-    except Exception:  # noqa: BLE001 - config unavailable: the default
-        return "light"
 
 
 def unsupported_reason(draft_model_runner) -> str | None:
@@ -101,13 +92,12 @@ def write(draft_model_runner, tokens, target_hidden, positions, locs) -> None:
             pool.set_kv_buffer(ra, locs, k, v, ra.k_scale, ra.v_scale)
 
 
-def prepare(state: dict, draft_model_runner, topk: int, who: str) -> None:
-    """Turn the light sync on in an adapter's per-worker ``state`` where setting and draft allow
-    (keys ``light``, ``placeholders``, ``topk``, ``draft_hidden``, ``draft_dtype``); logs the choice."""
-    import logging
-
+def prepare(state: dict, draft_model_runner, topk: int, who: str, mode: str) -> None:
+    """Turn the light sync on in an adapter's per-worker ``state`` where ``mode`` (the
+    ``offstep_draft_sync`` setting) and the draft allow (keys ``light``, ``placeholders``,
+    ``topk``, ``draft_hidden``, ``draft_dtype``); logs the choice."""
     log = logging.getLogger("sglang_dynspec.adapters.draft_kv")
-    if sync_setting() != "light":
+    if mode != "light":
         log.info("dynspec %s: off-steps sync the draft through its draft-extend (offstep_draft_sync=full)", who)
         return
     reason = unsupported_reason(draft_model_runner)

@@ -14,39 +14,16 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import os
 
 from .. import compat
 
 logger = logging.getLogger("sglang_dynspec.adapters.offstep_graphs")
 
 
-def enabled() -> bool:
-    """The ``offstep_graphs`` setting (default on)."""
-    try:
-        from ..config import load_settings
-
-        return bool(load_settings().settings.offstep_graphs)
-    except Exception:  # noqa: BLE001 - config unavailable: fall back to the raw env var
-        return os.environ.get("SGLANG_DYNSPEC_OFFSTEP_GRAPHS", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def runner_class():
-    """The release's target decode graph runner class (renamed in 0.5.14)."""
-    try:
-        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
-
-        return DecodeCudaGraphRunner
-    except ImportError:
-        from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-
-        return CudaGraphRunner
-
-
 def release_unsupported(need_hidden: bool = True) -> str | None:
     """Why the installed release cannot get off-step graphs this way (None: it can)."""
     try:
-        cls = runner_class()
+        cls = compat.target_graph_runner_class()
         from sglang.srt.model_executor.model_runner import ModelRunner
     except ImportError as exc:
         return f"graph runner not importable ({exc}); eager"
@@ -104,7 +81,7 @@ def capture(model_runner, need_hidden: bool) -> dict:
 
     mr = model_runner
     sa = mr.server_args
-    cls = runner_class()
+    cls = compat.target_graph_runner_class()
     saved = (mr.spec_algorithm, sa.enable_return_hidden_states, getattr(mr, "init_new_workspace", None))
     # Capture must not overlap in-flight work queued by the (overlap) scheduler.
     torch.cuda.synchronize()
@@ -152,9 +129,10 @@ def active(model_runner, graphs):
         setattr(mr, attr, saved[1])
 
 
-def prepare(worker, need_hidden: bool) -> dict | None:
-    """Capture for ``worker``'s target if enabled and possible; logs why not; never raises."""
-    if not enabled():
+def prepare(worker, need_hidden: bool, enabled: bool) -> dict | None:
+    """Capture for ``worker``'s target if ``enabled`` (the setting) and possible; logs why not;
+    never raises."""
+    if not enabled:
         logger.info("dynspec: off-step target decode runs eager (offstep_graphs disabled)")
         return None
     mr = worker.target_worker.model_runner

@@ -283,8 +283,8 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
             type(worker).__name__, kind, int(batch.seq_lens.shape[0]), ndt, bool(st.get("graphs")),
             "light" if st.get("light") else "full",
         )
-    draft_input = batch.spec_info
-    bonus = getattr(draft_input, compat.draft_input_bonus_field(type(draft_input)))
+    bonus_field = compat.draft_input_bonus_field(EagleDraftInput)
+    bonus = getattr(batch.spec_info, bonus_field)
     bs = int(batch.seq_lens.shape[0])
     res_fields = compat.dataclass_field_names(GenerationBatchResult)
     # Light: only the slot of position seq_lens is written.  Full: the draft-extend also fills
@@ -311,7 +311,6 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
         predict = new_tokens
     accept_lens = torch.ones(bs, dtype=torch.int32, device=new_tokens.device)
 
-    bonus_field = compat.draft_input_bonus_field(EagleDraftInput)
     di_fields = compat.dataclass_field_names(EagleDraftInput)
     nd_kwargs = {bonus_field: new_tokens}
     if light:
@@ -383,17 +382,18 @@ def offstep_graphs_unsupported() -> str | None:
     return offstep_graphs.release_unsupported(need_hidden=True)
 
 
-def prepare(worker) -> None:
-    """One-time setup before serving: capture the off-step DECODE graphs where possible."""
+def prepare(worker, settings) -> None:
+    """One-time setup before serving: off-step DECODE graphs and the light draft sync, where
+    ``settings`` (DynspecSettings) and the release allow."""
     st = _state(worker)
     if st.get("prepared"):
         return
     st["prepared"] = True
     if unsupported_reason(worker):
         return
-    st["graphs"] = offstep_graphs.prepare(worker, need_hidden=_needs_hidden(worker))
+    st["graphs"] = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
     draft_kv.prepare(st, getattr(getattr(worker, "draft_worker", None), "draft_runner", None),
-                     getattr(worker, "topk", 1), "spec_v2")
+                     getattr(worker, "topk", 1), "spec_v2", settings.offstep_draft_sync)
 
 
 # --------------------------------------------------------------------------------------------

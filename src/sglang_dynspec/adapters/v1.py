@@ -152,8 +152,15 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
         _append_logprobs(reqs, tokens_cpu, logits_output)
 
     # 5. Draft KV sync for unfinished rows (spec_info must hold exactly those, in order).
-    state = getattr(worker, _GRAPH_STATE_ATTR, None) or {}
+    state = getattr(worker, _STATE_ATTR, None) or {}
     light = bool(state.get("light")) and not full_sync
+    keep = None
+    if unfinished and len(unfinished) != bs:
+        keep = torch.tensor(unfinished, dtype=torch.int64, device=batch.seq_lens.device)
+
+    def rows(t):
+        return t if keep is None or t is None else t[keep]
+
     if not unfinished:
         worker._draft_preprocess_idle(batch)
         state["light_pending"] = False  # nothing left to resume
@@ -164,22 +171,14 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
         with span("dynspec.offstep.draft_kv"), compat.spec_contexts(worker):
             draft_kv.write(worker.draft_model_runner, next_token_ids, logits_output.hidden_states,
                            batch.seq_lens - 1, out_cache_loc)
-        n = len(unfinished)
-        keep = None if n == bs else torch.tensor(unfinished, dtype=torch.int64, device=batch.seq_lens.device)
-        toks = (next_token_ids if keep is None else next_token_ids[keep]).to(torch.int32)
-        ph = state["placeholders"].get(n, state["topk"], state["draft_hidden"], state["draft_dtype"], toks.device)
+        toks = rows(next_token_ids).to(torch.int32)
+        ph = state["placeholders"].get(len(unfinished), state["topk"], state["draft_hidden"], state["draft_dtype"],
+                                       toks.device)
         # Materialised: the scheduler filters and concatenates these rows in place.
         batch.spec_info = compat.build_draft_input(toks, **{k: v.contiguous() for k, v in ph.items()})
         state["light_pending"] = True
     else:
         state["light_pending"] = False
-        keep = None
-        if len(unfinished) != bs:
-            keep = torch.tensor(unfinished, dtype=torch.int64, device=batch.seq_lens.device)
-
-        def rows(t):
-            return t if keep is None or t is None else t[keep]
-
         hidden = None if worker.speculative_algorithm.is_standalone() else logits_output.hidden_states
         if hidden is not None:
             width = compat._draft_extend_hidden_width(worker)
@@ -234,30 +233,31 @@ def _append_logprobs(reqs, tokens_cpu, logits_output) -> None:
             req.output_token_ids_logprobs_idx.append(ids_idx[i])
 
 
-# --- off-step decode graphs ------------------------------------------------------------
-# Captured by prepare() (see offstep_graphs); without them the off-step target decode runs eager.
+# --- per-worker state: off-step graphs (else eager target decode), light draft sync -------
 
-_GRAPH_STATE_ATTR = "_dynspec_v1_offstep_graphs"
+_STATE_ATTR = "_dynspec_v1_state"
 
 
 def _graphs(worker):
-    state = getattr(worker, _GRAPH_STATE_ATTR, None)
+    state = getattr(worker, _STATE_ATTR, None)
     return state.get("graphs") if state else None
 
 
-def prepare(worker) -> None:
-    """One-time setup before serving: capture the off-step DECODE graphs where possible."""
-    if getattr(worker, _GRAPH_STATE_ATTR, None) is not None:
+def prepare(worker, settings) -> None:
+    """One-time setup before serving: off-step DECODE graphs and the light draft sync, where
+    ``settings`` (DynspecSettings) and the release allow."""
+    if getattr(worker, _STATE_ATTR, None) is not None:
         return
     state: dict[str, Any] = {"graphs": None}
-    setattr(worker, _GRAPH_STATE_ATTR, state)  # first: a failing capture is not retried
-    state["graphs"] = offstep_graphs.prepare(worker, need_hidden=_needs_hidden(worker))
-    draft_kv.prepare(state, getattr(worker, "draft_model_runner", None), getattr(worker, "topk", 1), "v1")
+    setattr(worker, _STATE_ATTR, state)  # first: a failing capture is not retried
+    state["graphs"] = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
+    draft_kv.prepare(state, getattr(worker, "draft_model_runner", None), getattr(worker, "topk", 1), "v1",
+                     settings.offstep_draft_sync)
 
 
 def resume_pending(worker) -> bool:
     """Whether the last off-step used the light sync, so the next step must be a resume step."""
-    state = getattr(worker, _GRAPH_STATE_ATTR, None)
+    state = getattr(worker, _STATE_ATTR, None)
     return bool(state and state.get("light_pending"))
 
 
@@ -282,7 +282,7 @@ def describe(worker=None) -> dict:
     except Exception as exc:  # doctor output: report, never raise
         info["error"] = f"{type(exc).__name__}: {exc}"
     if worker is not None:
-        state = getattr(worker, _GRAPH_STATE_ATTR, None) or {}
+        state = getattr(worker, _STATE_ATTR, None) or {}
         graphs = state.get("graphs") or {}
         info["offstep_graphs"] = {"active": bool(graphs), "gib": graphs.get("gib")}
     return info
