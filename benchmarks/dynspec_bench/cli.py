@@ -35,24 +35,23 @@ PRESETS = {
 }
 
 
-def _ints(text: str, field: str) -> list[int]:
+def _number_list(text: str, field: str, kind: type, what: str, ok) -> list:
+    """Comma-separated numbers of ``kind``, each passing ``ok``; the error names ``field``."""
     try:
-        vals = [int(x) for x in str(text).replace(" ", ",").split(",") if x]
+        vals = [kind(x) for x in str(text).replace(" ", ",").split(",") if x]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{field}: expected comma-separated integers, got {text!r}") from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"{field}: expected positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"{field}: expected comma-separated {what}, got {text!r}") from None
+    if not vals or not all(ok(v) for v in vals):
+        raise argparse.ArgumentTypeError(f"{field}: expected {what}, got {text!r}")
     return vals
+
+
+def _ints(text: str, field: str) -> list[int]:
+    return _number_list(text, field, int, "positive integers", lambda v: v >= 1)
 
 
 def _floats(text: str, field: str) -> list[float]:
-    try:
-        vals = [float(x) for x in str(text).replace(" ", ",").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{field}: expected comma-separated numbers, got {text!r}") from None
-    if any(v < 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"{field}: expected numbers >= 0, got {text!r}")
-    return vals
+    return _number_list(text, field, float, "numbers >= 0", lambda v: v >= 0)
 
 
 def _json_obj(text: str | None, field: str) -> dict | None:

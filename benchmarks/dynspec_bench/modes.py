@@ -16,7 +16,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from .server import ServerSpec
+from .server import ServerSpec, safe_name
 
 SPEC_SHAPES = {
     "topk1": {"topk": 1, "num_steps": 2, "num_draft_tokens": 3},
@@ -176,4 +176,4 @@ def build_server_spec(mode: Mode, cfg: ServerConfig, port: int) -> ServerSpec:
 
 
 def stats_dir_for(root: str, mode_name: str) -> str:
-    return f"{root.rstrip('/')}/{re.sub(r'[^A-Za-z0-9._-]+', '_', mode_name)}"
+    return f"{root.rstrip('/')}/{safe_name(mode_name)}"

@@ -12,6 +12,7 @@ from .profile import profile_server, summary_line
 from .prompts import PromptSource
 from .results import base_record, finish, phase, write_json
 from .runconfig import RunConfig
+from .server import safe_name
 from .wave import log, running_modes
 
 
@@ -42,7 +43,7 @@ def _step_ms(base_url: str, prompts: PromptSource, bs: int, cfg: OffstepConfig, 
 
 def _variants(text: str) -> list[str]:
     """``--variant`` holds one variant spec or several, comma-separated (one dynspec server each)."""
-    return [v.strip() for v in (text or "").split(",")] or [""]
+    return [v.strip() for v in (text or "").split(",")]
 
 
 def _profile_level(rec: dict, cfg: OffstepConfig, live: dict, modes, prompts: PromptSource, bs: int,
@@ -52,7 +53,7 @@ def _profile_level(rec: dict, cfg: OffstepConfig, live: dict, modes, prompts: Pr
     for m in modes:
         if m.name not in live:
             continue
-        tag = f"prof-{m.name.replace(':', '_').replace('@', '_').replace('+', '_')}-bs{bs}"
+        tag = f"prof-{safe_name(m.name)}-bs{bs}"
         with phase(rec, f"profile:{m.name}:bs={bs}"):
             res = profile_server(live[m.name].base_url, batch, log_dir / "profiles", tag,
                                  num_steps=cfg.profile_steps)

@@ -79,7 +79,7 @@ class ServerProcess:
 
     def __init__(self, spec: ServerSpec, log_dir: str | Path, grace_s: float = 20.0):
         self.spec = spec
-        self.log_path = Path(log_dir) / f"server-{_safe(spec.name)}.log"
+        self.log_path = Path(log_dir) / f"server-{safe_name(spec.name)}.log"
         self.grace_s = grace_s
         self.proc: subprocess.Popen | None = None
         self.dropped_flags: list[str] = []
@@ -268,7 +268,8 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
-def _safe(name: str) -> str:
+def safe_name(name: str) -> str:
+    """A mode name as a file-name part (``dynspec:never@topk4`` -> ``dynspec_never_topk4``)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import math
 import time
@@ -218,7 +219,7 @@ class Sweep:
             out[f"{t:g}"]["concurrency"] = c
             log(f"  accept {m.name:20s} t={t:g}: {lv['accept_length']} (C={c}, {lv['requests']} requests)")
         # The pair record's headline: greedy accept length per draft shape.
-        if cfg.kind == "pair" and m.kind == "on":
+        if cfg.kind == "pair":
             key = f"topk{m.shape['topk']}"
             if "0" in out:
                 self.record.setdefault("accept_length", {})[key] = out["0"]["accept_length"]
@@ -228,8 +229,6 @@ class Sweep:
 
     def _embed_manifest(self, path: str) -> None:
         """The pair builder's manifest (recipe, timings, 4-gram shares) into the record."""
-        import json
-
         try:
             man = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
