@@ -167,7 +167,7 @@ def test_offstep_several_servers_and_profiles(tmp_path, fake_launch):
 def test_analyze_trace_reads_a_real_torch_profiler_trace(tmp_path):
     torch = pytest.importorskip("torch")
     from benchmarks.dynspec_bench.profile import analyze_trace
-    from sglang_dynspec.adapters.offstep_graphs import span
+    from sglang_dynspec.adapters.profiler_ranges import span
 
     x = torch.randn(64, 64)
     assert not torch.autograd._profiler_enabled()

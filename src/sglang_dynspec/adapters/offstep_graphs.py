@@ -145,16 +145,3 @@ def prepare(worker, need_hidden: bool, enabled: bool) -> dict | None:
     except Exception:  # noqa: BLE001 - a failed capture must not take the server down
         logger.exception("dynspec: capturing off-step DECODE graphs failed; off-steps run eager")
         return None
-
-
-_NULL = contextlib.nullcontext()
-
-
-def span(name: str):
-    """A profiler range around an off-step stage, only while a torch profiler records
-    (SGLang's /start_profile); otherwise a shared no-op context."""
-    import torch
-
-    if torch.autograd._profiler_enabled():
-        return torch.profiler.record_function(name)
-    return _NULL

@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import compat
 from . import draft_kv, offstep_graphs
-from .offstep_graphs import span
+from .profiler_ranges import span
 
 logger = logging.getLogger("sglang_dynspec.adapters.spec_v2")
 
