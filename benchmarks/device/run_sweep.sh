@@ -3,15 +3,19 @@
 # command, leave results + compressed server logs in $OUT (≤ 8 files come back), print a table.
 #
 # Usage, from the repository root:
-#   bash benchmarks/device/run_sweep.sh [sweep|trace|fuzz|offstep] [harness args...]
-# With no arguments: `sweep --preset first-h200`.
+#   bash benchmarks/device/run_sweep.sh [sweep|trace|fuzz|offstep|pytest] [args...]
+# With no arguments: `sweep --preset first-h200`.  `pytest` runs the GPU tests (tests/gpu, args go to
+# pytest) with the same SGLang + wheel setup; its report and logs come back in <name>-logs.tar.xz.
+# Several invocations may run at once on one machine (say, one per GPU with CUDA_VISIBLE_DEVICES and
+# distinct --base-port): scratch paths are per DYNSPEC_NAME and the bundle unpacks once, under a lock.
 # Env knobs:
 #   DYNSPEC_BUNDLE     bundle dir (default .gpu-bundle)
 #   DYNSPEC_BUDGET_S   seconds after this script starts when no new wave/level starts (default 510;
 #                      the device tool kills at 600 s, and stopping + packing needs ~30 s)
 #   DYNSPEC_NAME       result file stem (default: the subcommand)
 #   DYNSPEC_GIT_COMMIT commit id for the record (else dist/GIT_COMMIT, else none: no .git there)
-#   DYNSPEC_SITE       where site.tar.xz is unpacked (default /tmp/site; reused when present)
+#   DYNSPEC_SITE       where site.tar.xz is unpacked (default /tmp/site; reused when present, so a
+#                      second release on a warm machine needs its own, e.g. /tmp/site-0.5.15)
 #   OUT                where results go (the device tool sets it)
 set -uo pipefail
 
@@ -22,40 +26,49 @@ BUNDLE=${DYNSPEC_BUNDLE:-$REPO/.gpu-bundle}
 OUT=${OUT:-$REPO/benchmarks/results/device-out}
 BUDGET=${DYNSPEC_BUDGET_S:-510}
 SITE=${DYNSPEC_SITE:-/tmp/site}
-LOGS=/tmp/dynspec-logs
-PHASES=/tmp/dynspec-phases.txt
-rm -rf "$LOGS" /tmp/dynspec-stats   # a warm machine may hold a previous run's
+CMD=${1:-sweep}
+case "$CMD" in
+  sweep|trace|fuzz|offstep|pytest) shift || true ;;
+  -*) CMD=sweep ;;
+  *) echo "run_sweep.sh: first argument must be sweep|trace|fuzz|offstep|pytest, got '$CMD'" >&2; exit 2 ;;
+esac
+ARGS=("$@")
+if [ "$CMD" = sweep ] && [ ${#ARGS[@]} -eq 0 ]; then ARGS=(--preset first-h200); fi
+NAME=${DYNSPEC_NAME:-$CMD}
+# Per-run scratch (runs may share a machine); a warm machine may hold a previous run's.
+LOGS=/tmp/dynspec-logs-$NAME
+PHASES=/tmp/dynspec-phases-$NAME.txt
+STATS=/tmp/dynspec-stats-$NAME
+rm -rf "$LOGS" "$STATS"
 mkdir -p "$OUT" "$LOGS"
 : > "$PHASES"
+# The machine's image turns NVLink multicast off; keep it so for every server we start.
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1} \
+  NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
 note() { echo "[run_sweep +$(elapsed "$T0")s] $*"; }
 record_phase() { echo "$1 $2" >> "$PHASES"; }
 
-CMD=${1:-sweep}
-case "$CMD" in
-  sweep|trace|fuzz|offstep) shift || true ;;
-  -*) CMD=sweep ;;
-  *) echo "run_sweep.sh: first argument must be sweep|trace|fuzz|offstep, got '$CMD'" >&2; exit 2 ;;
-esac
-ARGS=("$@")
-if [ "$CMD" = sweep ] && [ ${#ARGS[@]} -eq 0 ]; then ARGS=(--preset first-h200); fi
-NAME=${DYNSPEC_NAME:-$CMD}
-
 # ---- 1. SGLang bundle ---------------------------------------------------------------------
 if [ ! -f "$BUNDLE/site.tar.xz" ]; then
   echo "run_sweep.sh: no $BUNDLE/site.tar.xz (carry .gpu-bundle with the call)" >&2; exit 2
 fi
 t=$(now)
-if [ ! -d "$SITE/sglang" ]; then
-  mkdir -p "$SITE" && tar -C "$SITE" -xJf "$BUNDLE/site.tar.xz" || { echo "untar site failed" >&2; exit 2; }
-fi
-if [ -f "$BUNDLE/jitcache.tar.xz" ] && [ ! -d /tmp/jitcache/triton ]; then
-  mkdir -p /tmp/jitcache && tar -C /tmp/jitcache -xJf "$BUNDLE/jitcache.tar.xz"
-fi
+# A JIT cache is only valid for the release it was built with: one folder per bundle.
+JIT=/tmp/jitcache-$(basename "$BUNDLE")
+(
+  flock 9
+  if [ ! -d "$SITE/sglang" ]; then
+    rm -rf "$SITE" && mkdir -p "$SITE" && tar -C "$SITE" -xJf "$BUNDLE/site.tar.xz" || { echo "untar site failed" >&2; exit 2; }
+  fi
+  if [ -f "$BUNDLE/jitcache.tar.xz" ] && [ ! -d "$JIT/triton" ]; then
+    mkdir -p "$JIT" && tar -C "$JIT" -xJf "$BUNDLE/jitcache.tar.xz"
+  fi
+) 9>"/tmp/.dynspec-unpack.lock" || exit 2
 record_phase untar "$(elapsed "$t")"
-export PYTHONUNBUFFERED=1 TVM_FFI_CACHE_DIR=/tmp/jitcache/tvm-ffi TRITON_CACHE_DIR=/tmp/jitcache/triton
+export PYTHONUNBUFFERED=1 TVM_FFI_CACHE_DIR=$JIT/tvm-ffi TRITON_CACHE_DIR=$JIT/triton
 SGLANG_VER=$(ls -d "$SITE"/sglang-*.dist-info 2>/dev/null | head -1 | sed -E 's/.*sglang-([^/]*)\.dist-info/\1/')
 note "SGLang in bundle: ${SGLANG_VER:-unknown}"
 PYPATH=$SITE
@@ -79,13 +92,14 @@ t=$(now)
 shopt -s nullglob
 WHEELS=("$REPO"/dist/*.whl)
 if [ ${#WHEELS[@]} -gt 0 ]; then
-  rm -rf /tmp/dynspec && mkdir -p /tmp/dynspec
-  if ! python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/dynspec "${WHEELS[@]}"; then
+  PKG=/tmp/dynspec-$NAME
+  rm -rf "$PKG" && mkdir -p "$PKG"
+  if ! python3 -m pip install -q --no-deps --no-index --no-compile --target "$PKG" "${WHEELS[@]}"; then
     # No pip there: a wheel is a zip; unpacked into a path entry it imports and its entry points resolve.
     note "pip failed; unzipping wheels instead"
-    for w in "${WHEELS[@]}"; do python3 -m zipfile -e "$w" /tmp/dynspec; done
+    for w in "${WHEELS[@]}"; do python3 -m zipfile -e "$w" "$PKG"; done
   fi
-  PYPATH=/tmp/dynspec:$PYPATH
+  PYPATH=$PKG:$PYPATH
   note "installed: $(cd "$REPO/dist" && ls *.whl | tr '\n' ' ')"
 else
   note "WARNING: no dist/*.whl: dynspec modes will run without the plugin"
@@ -112,17 +126,23 @@ export DYNSPEC_DEADLINE_EPOCH=$(awk -v a="$T0" -v b="$BUDGET" 'BEGIN { printf "%
 export DYNSPEC_COMMAND="bash benchmarks/device/run_sweep.sh $CMD ${ARGS[*]}"
 note "harness: $CMD ${ARGS[*]} (deadline in ${BUDGET}s from start)"
 t=$(now)
-python3 -m benchmarks.dynspec_bench "$CMD" "${ARGS[@]}" --name "$NAME" --out-dir "$OUT" --log-dir "$LOGS" \
-  --stats-root /tmp/dynspec-stats 2>&1 | tee "$OUT/driver.log"
+if [ "$CMD" = pytest ]; then
+  # GPU tests: their servers' logs and result files go into the logs tarball.
+  DYNSPEC_GPU_LOG_DIR=$LOGS DYNSPEC_GPU_OUT_DIR=$LOGS python3 -m pytest tests/gpu -m gpu -p no:cacheprovider \
+    -rA --junitxml "$LOGS/junit.xml" "${ARGS[@]}" 2>&1 | tee "$LOGS/pytest.txt"
+else
+  python3 -m benchmarks.dynspec_bench "$CMD" "${ARGS[@]}" --name "$NAME" --out-dir "$OUT" --log-dir "$LOGS" \
+    --stats-root "$STATS" 2>&1 | tee "$LOGS/driver.log"
+fi
 RC=${PIPESTATUS[0]}
 note "harness exit $RC after $(elapsed "$t")s"
 
 # ---- 4. pack logs (one file: at most 8 come back) and summarise --------------------------------
 cp "$PHASES" "$LOGS/phases.txt" 2>/dev/null
-cp -r /tmp/dynspec-stats "$LOGS/stats" 2>/dev/null
+cp -r "$STATS" "$LOGS/stats" 2>/dev/null
 tar -C /tmp -cJf "$OUT/$NAME-logs.tar.xz" "$(basename "$LOGS")" 2>/dev/null && \
   note "logs: $(du -h "$OUT/$NAME-logs.tar.xz" | cut -f1)"
 ls -la "$OUT"
-python3 "$REPO/benchmarks/report.py" "$OUT/$NAME.json" || true
+[ -f "$OUT/$NAME.json" ] && { python3 "$REPO/benchmarks/report.py" "$OUT/$NAME.json" || true; }
 note "done, total $(elapsed "$T0")s"
 exit "$RC"

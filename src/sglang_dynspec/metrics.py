@@ -102,9 +102,9 @@ class TraceObserver:
         self.path = Path(f"{path}.{os.getpid()}") if not str(path).endswith(".jsonl") else Path(
             str(path)[: -len(".jsonl")] + f".{os.getpid()}.jsonl"
         )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
-        self._f = open(self.path, "w", buffering=1 << 16)
+        # Opened at the first decision: every SGLang process loads the plugin, only schedulers decide.
+        self._f = None
         self._written = 0
         self._full = False
 
@@ -120,10 +120,15 @@ class TraceObserver:
         self._written += len(line)
         if self._written > self.max_bytes:
             self._full = True
-            self._f.flush()
+            if self._f is not None:
+                self._f.flush()
             logger.warning("sglang-dynspec: trace %s reached its size cap; no more lines", self.path)
             return
+        if self._f is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "w", buffering=1 << 16)
         self._f.write(line)
 
     def close(self) -> None:
-        self._f.close()
+        if self._f is not None:
+            self._f.close()

@@ -1,6 +1,6 @@
 """Real SGLang `off` and `on` servers through the harness (needs an NVIDIA GPU and SGLang).
 
-Writes benchmarks/results/e2e-gpu.json (+ .png). Model paths: DYNSPEC_MODEL / DYNSPEC_DRAFT, else the
+Writes e2e-gpu.json (+ .png) to DYNSPEC_GPU_OUT_DIR, else benchmarks/results. Model paths: DYNSPEC_MODEL / DYNSPEC_DRAFT, else the
 dummy-weight Llama-8B configs under benchmarks/models.
 """
 
@@ -47,7 +47,7 @@ def test_off_and_on_servers_end_to_end():
                             draft=os.environ.get("DYNSPEC_DRAFT", str(REPO / "benchmarks/models/eagle3-llama8b")),
                             max_total_tokens=32768),
         concurrency=[1, 8], output_len=64, max_requests=64,
-        out_dir=str(REPO / "benchmarks/results"), name="e2e-gpu", base_port=31500,
+        out_dir=os.environ.get("DYNSPEC_GPU_OUT_DIR", str(REPO / "benchmarks/results")), name="e2e-gpu", base_port=31500,
     )
     rec = Sweep(cfg, argv=["tests/gpu/test_e2e_sweep.py"]).run()
     assert not rec["errors"], rec["errors"]

@@ -56,6 +56,8 @@ def test_offstep_outputs_match_static_eagle(tmp_path, sglang_version, serve_and_
         deterministic=os.environ.get("DYNSPEC_GPU_DETERMINISTIC", "1") != "0",
         policy_args={"seed": 7, "p_on": 0.5, "period": 1},
         enable_metrics=False,
+        # A bounded KV pool: the test needs little, and other servers may share the GPU.
+        max_total_tokens=32768,
     )
     prompts = correctness.correctness_prompts(n=16, input_len=128)
     log_dir = Path(os.environ.get("DYNSPEC_GPU_LOG_DIR", tmp_path))

@@ -60,6 +60,8 @@ def test_v1_offstep_outputs_match_static_eagle(tmp_path, sglang_version, serve_a
         draft=os.environ.get("DYNSPEC_GPU_DRAFT", str(BENCH / "models" / "eagle3-llama8b")),
         deterministic=os.environ.get("DYNSPEC_GPU_DETERMINISTIC", "1") != "0",
         enable_metrics=False,
+        # A bounded KV pool: the test needs little, and other servers may share the GPU.
+        max_total_tokens=32768,
     )
     # 40 requests at concurrency 10: staggered finishes, so batch sizes cross n=5 mid-run.
     prompts = correctness.correctness_prompts(n=40, input_len=128)

@@ -33,6 +33,9 @@ def test_trace_observer_bounded(tmp_path):
     pm.add_hookspecs(hookspecs)
     obs = TraceObserver(tmp_path / "trace.jsonl", max_bytes=2000)
     pm.register(obs)
+    idle = TraceObserver(tmp_path / "idle" / "trace.jsonl", max_bytes=2000)
+    idle.close()
+    assert not (tmp_path / "idle").exists()  # a process that never decides leaves no file
     c = Controller(build_policy("threshold", {"n": 4}), hook=pm.hook)
     for i in range(200):
         c.on_decode(1 + i % 8)

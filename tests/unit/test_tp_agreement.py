@@ -2,7 +2,9 @@
 
 Each rank is its own process with its own clock; only the cost agreement (runtime's real
 all-reduce over the scheduler's CPU group) makes the goodput decisions rank-identical.
-The control run without agreement shows the test can fail.
+The control run without agreement shows the test can fail.  Each rank also writes the plugin's
+decision trace, which the harness's rank_traces tool (used on the GPU's TP=2 runs) must judge the
+same way.
 """
 
 import multiprocessing as mp
@@ -11,6 +13,8 @@ import socket
 import types
 
 import pytest
+
+from benchmarks.dynspec_bench import rank_traces
 
 torch = pytest.importorskip("torch", reason="needs torch (torch.distributed gloo)")
 
@@ -23,18 +27,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank, port, policy, args, agree_on, q):
+def _rank_main(rank, port, policy, args, agree_on, q, trace):
     import torch.distributed as dist
 
     from sglang_dynspec import runtime
     from sglang_dynspec.decisions import Controller
+    from sglang_dynspec.metrics import TraceObserver
+    from sglang_dynspec.plugins import pm
     from sglang_dynspec.policies import build_policy
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     clock = types.SimpleNamespace(t=0.0)
     agree = runtime._agree_fn(types.SimpleNamespace(tp_cpu_group=dist.group.WORLD)) if agree_on else None
+    observer = TraceObserver(trace, 10**7)  # one file per process, as in a TP server
+    pm.register(observer, name="trace")
     ctl = Controller(build_policy(policy, args), tp_rank=rank, tp_size=2, agree=agree, sync_interval=50,
-                     clock=lambda: clock.t)
+                     clock=lambda: clock.t, hook=pm.hook)
     jitter = random.Random(1000 + rank)  # rank-local noise
     scale = 1.0 if rank == 0 else 1.3  # rank 1 measures 30 % slower steps
     load = random.Random(7)  # the batch sizes: identical on both ranks, as in SGLang
@@ -49,15 +57,17 @@ def _rank_main(rank, port, policy, args, agree_on, q):
         clock.t += base * scale * (1 + 0.2 * jitter.random())
         if on:
             ctl.on_result(bs, int(1.6 * bs))  # rank-identical acceptance (scheduler counts)
+    observer.close()
     q.put((rank, out, ctl.snapshot()))
     dist.destroy_process_group()
 
 
-def _run(policy, args, agree_on):
+def _run(policy, args, agree_on, trace):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, policy, args, agree_on, q)) for r in (0, 1)]
+    procs = [ctx.Process(target=_rank_main, args=(r, port, policy, args, agree_on, q, str(trace)))
+             for r in (0, 1)]
     for p in procs:
         p.start()
     results = dict((r, (o, s)) for r, o, s in (q.get(timeout=120) for _ in procs))
@@ -68,16 +78,22 @@ def _run(policy, args, agree_on):
 
 
 @pytest.mark.parametrize("policy, args", [("goodput", {}), ("random", {"seed": 11})])
-def test_ranks_decide_identically(policy, args):
-    res = _run(policy, args, agree_on=True)
+def test_ranks_decide_identically(policy, args, tmp_path):
+    res = _run(policy, args, agree_on=True, trace=tmp_path / "dec.jsonl")
     d0, s0 = res[0]
     d1, s1 = res[1]
     assert d0 == d1
     assert s0["switches"] == s1["switches"]
     if policy == "goodput":
         assert 0 < s0["steps_off"] < STEPS and s0["agreements"] >= STEPS // 50 - 1
+    (cmp,) = rank_traces.compare_dir(tmp_path).values()
+    assert cmp["agree"] and cmp["processes"] == 2 and cmp["steps_compared"] == STEPS
+    assert cmp["switches_compared"] == s0["switches"]
 
 
-def test_without_agreement_goodput_ranks_diverge():
-    res = _run("goodput", {}, agree_on=False)
+def test_without_agreement_goodput_ranks_diverge(tmp_path):
+    res = _run("goodput", {}, agree_on=False, trace=tmp_path / "dec.jsonl")
     assert res[0][0] != res[1][0]
+    (cmp,) = rank_traces.compare_dir(tmp_path).values()
+    first = next(i for i, (a, b) in enumerate(zip(res[0][0], res[1][0])) if a != b)
+    assert not cmp["agree"] and cmp["first_difference"]["index"] == first

@@ -1,0 +1,93 @@
+"""Do tensor-parallel ranks take the same decisions?  Compare the plugin's per-process decision traces.
+
+With ``SGLANG_DYNSPEC_TRACE_FILE=<dir>/<stem>.jsonl`` every scheduler process (one per TP rank)
+writes ``<stem>.<pid>.jsonl``: one line per decode step with the step number, batch size and the
+decision.  Ranks that agree have identical (step, bs, on) sequences.  A process killed at shutdown
+may lose the tail of its buffered file, so the sequences are compared over their common length.
+
+    python -m benchmarks.dynspec_bench.rank_traces <dir> [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+_NAME = re.compile(r"^(?P<stem>.+)\.(?P<pid>\d+)\.jsonl$")
+
+
+def read_trace(path: Path) -> list[tuple[int, int, bool]]:
+    """(step, bs, on) per complete line; a torn last line is dropped."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            d = json.loads(line)
+        except ValueError:
+            break  # only the last line can be torn (buffered writes, killed process)
+        rows.append((int(d["step"]), int(d["bs"]), bool(d["on"])))
+    return rows
+
+
+def compare_group(paths: list[Path]) -> dict:
+    traces = {p.name: read_trace(p) for p in sorted(paths)}
+    # Empty files: processes that never decided (or lost their whole buffer at a kill).
+    empty = sorted(k for k, v in traces.items() if not v)
+    traces = {k: v for k, v in traces.items() if v}
+    lengths = {k: len(v) for k, v in traces.items()}
+    n = min(lengths.values()) if lengths else 0
+    ref_name = next(iter(traces), None)
+    first_diff = None
+    for name, rows in traces.items():
+        if name == ref_name:
+            continue
+        for i in range(n):
+            if rows[i] != traces[ref_name][i]:
+                if first_diff is None or i < first_diff["index"]:
+                    first_diff = {"index": i, ref_name: traces[ref_name][i], name: rows[i]}
+                break
+    ref = traces.get(ref_name, [])[:n]
+    return {
+        "processes": len(traces),
+        "empty_files": empty,
+        "lines": lengths,
+        "steps_compared": n,
+        "steps_on_compared": sum(1 for r in ref if r[2]),
+        "switches_compared": sum(1 for a, b in zip(ref, ref[1:]) if a[2] != b[2]),
+        "agree": first_diff is None and len(traces) > 1,
+        "first_difference": first_diff,
+    }
+
+
+def compare_dir(directory: str | Path) -> dict:
+    """{trace stem: comparison} for every stem with per-process files under ``directory``."""
+    groups: dict[str, list[Path]] = {}
+    for p in Path(directory).rglob("*.jsonl"):
+        m = _NAME.match(p.name)
+        if m:
+            groups.setdefault(str(p.parent / m["stem"]), []).append(p)
+    return {stem: compare_group(paths) for stem, paths in sorted(groups.items())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("directory")
+    ap.add_argument("--json", default=None, help="also write the comparison here")
+    args = ap.parse_args(argv)
+    out = compare_dir(args.directory)
+    if not out:
+        print(f"no <stem>.<pid>.jsonl traces under {args.directory}", file=sys.stderr)
+        return 2
+    for stem, r in out.items():
+        print(f"{stem}: {r['processes']} processes, {r['steps_compared']} steps compared "
+              f"({r['steps_on_compared']} on, {r['switches_compared']} switches): "
+              f"{'AGREE' if r['agree'] else 'DIFFER ' + json.dumps(r['first_difference'])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0 if all(r["agree"] for r in out.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
