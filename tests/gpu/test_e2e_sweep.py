@@ -61,4 +61,4 @@ def test_off_and_on_servers_end_to_end():
     for mode in ("off", "on"):
         assert rec["server_stats"][mode]["leak_reports"] == 0
     jsonschema = pytest.importorskip("jsonschema")
-    jsonschema.validate(json.loads((REPO / "benchmarks/results/e2e-gpu.json").read_text()), RESULT_SCHEMA)
+    jsonschema.validate(json.loads((Path(cfg.out_dir) / "e2e-gpu.json").read_text()), RESULT_SCHEMA)

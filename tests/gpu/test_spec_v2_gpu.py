@@ -15,6 +15,7 @@ Also fails on tracebacks or KV-leak reports in any server log.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -36,6 +37,9 @@ def _harness():
     return correctness, modes, server
 
 
+RANDOM_ARGS = {"seed": 7, "p_on": 0.5, "period": 1}
+
+
 def _modes(sglang_version):
     from packaging.version import Version
 
@@ -54,7 +58,6 @@ def test_offstep_outputs_match_static_eagle(tmp_path, sglang_version, serve_and_
         model=model,
         draft=draft,
         deterministic=os.environ.get("DYNSPEC_GPU_DETERMINISTIC", "1") != "0",
-        policy_args={"seed": 7, "p_on": 0.5, "period": 1},
         enable_metrics=False,
         # A bounded KV pool: the test needs little, and other servers may share the GPU.
         max_total_tokens=32768,
@@ -65,7 +68,9 @@ def test_offstep_outputs_match_static_eagle(tmp_path, sglang_version, serve_and_
     outputs, problems, notes = {}, [], []
     for i, name in enumerate(_modes(sglang_version)):
         mode = modes.parse_mode(name)
-        spec = modes.build_server_spec(mode, cfg, port=31000 + i)
+        # Only `random` takes these; other policies refuse unknown arguments at start.
+        mode_cfg = dataclasses.replace(cfg, policy_args=RANDOM_ARGS if mode.policy == "random" else None)
+        spec = modes.build_server_spec(mode, mode_cfg, port=31000 + i)
         outs, probs, nts, _ = serve_and_collect(correctness, server, mode, spec, log_dir, prompts,
                                                 max_new_tokens=64, concurrency=8)
         outputs[name] = outs
