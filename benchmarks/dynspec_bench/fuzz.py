@@ -133,7 +133,7 @@ def _fuzz_level(cfg, c, ci, off, on, dyn, sdir, prompts, params) -> dict:
     requests = failed = 0
     errors: list[str] = []
     accepts: list = []
-    steps = switches = None
+    steps = switches = policy_errors = None
     rnd = 0
     while True:
         batch = prompts.take(max(c, 8), salt=100 * (ci + 1) + rnd)
@@ -149,6 +149,7 @@ def _fuzz_level(cfg, c, ci, off, on, dyn, sdir, prompts, params) -> dict:
             b = before or {}
             steps = now["decode_steps"] - b.get("decode_steps", 0)
             switches = now["switches"] - b.get("switches", 0)
+            policy_errors = now["policy_errors"] - b.get("policy_errors", 0)
         if not dyn.alive() or failed:
             break
         if steps is not None and steps >= cfg.min_decode_steps:
@@ -166,6 +167,8 @@ def _fuzz_level(cfg, c, ci, off, on, dyn, sdir, prompts, params) -> dict:
                                      desc=f"on C={c}"))[0]
     level = {
         "decode_steps": steps, "switches": switches,
+        # > 0: the policy was replaced by the safe mode during this level (switching stopped there)
+        "policy_errors": policy_errors,
         "crashed": (not dyn.alive()) or failed > 0,
         "leak_reports": dyn.log_counts()["leak_reports"] - leaks_before,
         "requests": requests, "failed": failed,

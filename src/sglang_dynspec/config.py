@@ -44,7 +44,12 @@ class DynspecSettings(BaseSettings):
         description="Mode used for the rest of the run after the policy raised, hung or returned junk.",
     )
     policy_deadline_ms: float = Field(
-        2.0, gt=0, le=1000, description="A decide() slower than this counts as a policy failure."
+        2.0, gt=0, le=1000,
+        description="A decide() slower than this is late; the policy fails after policy_deadline_strikes "
+        "late calls in a row, or one call 25x over.",
+    )
+    policy_deadline_strikes: int = Field(
+        3, ge=1, le=1000, description="Late decide() calls in a row that count as a policy failure."
     )
     sync_interval_steps: int = Field(
         200,

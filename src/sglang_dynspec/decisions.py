@@ -42,6 +42,10 @@ class StepRecord:
     accept_length: float
 
 
+# A single decide() this many times over its deadline is a hang, not a hiccup.
+HANG_FACTOR = 25.0
+
+
 class Controller:
     def __init__(
         self,
@@ -49,6 +53,7 @@ class Controller:
         *,
         safe_mode_on: bool = True,
         deadline_s: float = 0.002,
+        deadline_strikes: int = 3,
         sync_interval: int = 200,
         tp_rank: int = 0,
         tp_size: int = 1,
@@ -61,6 +66,10 @@ class Controller:
         self.policy_name = getattr(policy, "name", type(policy).__name__)
         self.safe_value = safe_mode_on
         self.deadline_s = deadline_s
+        # One late decide() is usually the process, not the policy (a GC pause, the OS): the policy
+        # fails after this many late calls in a row, or one call past HANG_FACTOR x the deadline.
+        self.deadline_strikes = deadline_strikes
+        self._late_in_row = 0
         self.tp_rank, self.tp_size = tp_rank, tp_size
         # A single rank refreshes its view often (cheap); several ranks agree less often.
         self.sync_interval = sync_interval if tp_size > 1 else min(16, sync_interval)
@@ -193,10 +202,18 @@ class Controller:
             else:
                 self._fail(f"decide() returned {d!r} ({type(d).__name__}), not a bool")
                 return self.safe_value
-        if self.clock() - t0 > self.deadline_s and self._pending_failure is None:
+        took = self.clock() - t0
+        if took <= self.deadline_s:
+            self._late_in_row = 0
+            return d
+        self._late_in_row += 1
+        if self._pending_failure is None and (
+            self._late_in_row >= self.deadline_strikes or took > HANG_FACTOR * self.deadline_s
+        ):
             # Wall time differs between ranks: acting now could split them, so the
             # failure is applied at the next agreement, where all ranks see it.
-            self._pending_failure = f"decide() took {(self.clock() - t0) * 1e3:.2f} ms (deadline {self.deadline_s * 1e3:g} ms)"
+            self._pending_failure = (f"decide() took {took * 1e3:.2f} ms (deadline {self.deadline_s * 1e3:g} ms, "
+                                     f"{self._late_in_row} late in a row)")
             if self.tp_size == 1:
                 self._fail(self._pending_failure)
                 return self.safe_value

@@ -118,6 +118,7 @@ def attach(scheduler: Any) -> WorkerState | None:
         policy,
         safe_mode_on=settings.safe_mode == "on",
         deadline_s=settings.policy_deadline_ms / 1e3,
+        deadline_strikes=settings.policy_deadline_strikes,
         sync_interval=settings.sync_interval_steps,
         tp_rank=tp_rank,
         tp_size=tp_size,

@@ -120,7 +120,7 @@ def test_fuzz_reaches_steps_and_records(tmp_path, fake_launch, monkeypatch):
     validate(rec)
     for c in ("2", "4"):
         lv = rec["per_C"][c]
-        assert lv["decode_steps"] >= 150 and lv["switches"] > 0
+        assert lv["decode_steps"] >= 150 and lv["switches"] > 0 and lv["policy_errors"] == 0
         assert lv["crashed"] is False and lv["leak_reports"] == 0 and lv["mismatched"] == 0
         assert lv["accept_length_static_on"] == pytest.approx(2.0)
     assert json.loads((tmp_path / "f.json").read_text())["policy"] == "random"

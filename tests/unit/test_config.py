@@ -48,6 +48,7 @@ def test_policy_args_json_from_env():
         ({"SGLANG_DYNSPEC_ENABLED": "maybe"}, "enabled (env SGLANG_DYNSPEC_ENABLED)"),
         ({"SGLANG_DYNSPEC_SAFE_MODE": "sideways"}, "safe_mode (env SGLANG_DYNSPEC_SAFE_MODE)"),
         ({"SGLANG_DYNSPEC_POLICY_DEADLINE_MS": "-1"}, "policy_deadline_ms (env"),
+        ({"SGLANG_DYNSPEC_POLICY_DEADLINE_STRIKES": "0"}, "policy_deadline_strikes (env"),
         ({"SGLANG_DYNSPEC_POLICY": "  "}, "policy (env SGLANG_DYNSPEC_POLICY)"),
         ({"SGLANG_DYNSPEC_POLCY": "never"}, "SGLANG_DYNSPEC_POLCY (env): unknown setting"),
         ({"SGLANG_DYNSPEC_CONFIG": "/nonexistent/dynspec.toml"}, "config (env SGLANG_DYNSPEC_CONFIG): TOML file not found"),

@@ -101,16 +101,31 @@ def test_bad_policy_falls_back_to_safe_mode_once(fn, reason, caplog):
     assert sum("disabled for the rest of the run" in r.message for r in caplog.records) == 1
 
 
-def test_slow_policy_is_replaced_single_rank():
+def test_hanging_policy_is_replaced_at_once_single_rank():
     clock = Clock()
 
     def slow(x):
-        clock.t += 0.5
+        clock.t += 0.5  # 50x the deadline: a hang
         return False
 
     c = Controller(Scripted(slow), clock=clock, deadline_s=0.01, safe_mode_on=True)
     assert c.on_decode(8) is True
     assert "deadline" in c.failed
+
+
+def test_one_late_call_is_a_hiccup_three_in_a_row_a_failure():
+    clock = Clock()
+    late_steps = {3, 10, 11, 20, 21, 22}
+
+    def sometimes_late(x):
+        clock.t += 0.02 if x.step in late_steps else 0.0  # 2x the deadline
+        return False
+
+    c = Controller(Scripted(sometimes_late), clock=clock, deadline_s=0.01, deadline_strikes=3)
+    out = [c.on_decode(8) for _ in range(25)]
+    # steps 3 and 10-11 are late but not three in a row; 20-22 are: the third fails the policy
+    assert out[:22] == [False] * 22 and out[22:] == [True] * 3
+    assert "3 late in a row" in c.failed and c.stats["policy_errors"] == 1
 
 
 def test_slow_policy_waits_for_agreement_with_several_ranks():

@@ -152,8 +152,15 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
         _append_logprobs(reqs, tokens_cpu, logits_output)
 
     # 5. Draft KV sync for unfinished rows (spec_info must hold exactly those, in order).
-    state = getattr(worker, _STATE_ATTR, None) or {}
+    state = getattr(worker, _STATE_ATTR, None)
+    if state is None:
+        state = {}
+        setattr(worker, _STATE_ATTR, state)
     light = bool(state.get("light")) and not full_sync
+    if not state.get("logged_first_off"):
+        state["logged_first_off"] = True
+        logger.info("dynspec: first off-step on %s (bs=%d, target graphs=%s, draft sync=%s)",
+                    type(worker).__name__, bs, bool(graphs), "light" if light else "full")
     keep = None
     if unfinished and len(unfinished) != bs:
         keep = torch.tensor(unfinished, dtype=torch.int64, device=batch.seq_lens.device)
