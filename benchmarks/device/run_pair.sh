@@ -17,10 +17,12 @@
 #   DYNSPEC_PAIR_BUILD_ARGS extra build_pair arguments, word-split (e.g. toy sizes for a dry run)
 #   DYNSPEC_SITE, DYNSPEC_BUNDLE, OUT as in run_sweep.sh
 #
-# Planned time (s from start): build ≈ 250 (corpus+tokenizer+encode ≈ 25, target 130, draft 70,
-# padded export ≈ 10, greedy/offline checks ≈ 5, imports ≈ 10); servers off+on start together
-# ≈ 75 → ready ≈ 330; correctness + 8 levels × 2 modes ≈ 200 → ≈ 530; no new level after 570;
-# stop + pack ≈ 15.
+# Planned time (s from start): corpus+tokenizer+encode ≈ 35 (prompts.json written), target 130 +
+# padded export ≈ 10 → `off` starts ≈ 175 while the draft trains (70) → the speculative servers
+# start ≈ 250, ready ≈ 325 (was ≈ 330 with every server after the whole build; `off` is ready
+# ≈ 70 s earlier but the wave waits for its slowest server); greedy/offline checks run meanwhile;
+# correctness + levels ≈ 200-250; no new level after 570; stop + pack ≈ 15.
+#   DYNSPEC_PAIR_WAIT_S   how long servers wait for their weights (default 420)
 set -uo pipefail
 
 T0=$(date +%s)
@@ -64,29 +66,38 @@ fi
 
 note "building the pair ($KIND target) into $PAIR"
 rm -rf "$PAIR"; mkdir -p "$PAIR"
-PYTHONPATH=$BUILD_PYPATH PYTHONUNBUFFERED=1 python3 -m benchmarks.models.build_pair --out "$PAIR" \
-  --target-seconds "${DYNSPEC_PAIR_TARGET_S:-120}" --draft-seconds "${DYNSPEC_PAIR_DRAFT_S:-65}" "${PAD[@]}" \
-  ${DYNSPEC_PAIR_BUILD_ARGS:-} 2>&1 | tee "$OUT/pair-build.log"
-BUILD_RC=${PIPESTATUS[0]}
-cp "$PAIR/pair.json" "$OUT/pair-manifest.json" 2>/dev/null
-note "build exit $BUILD_RC"
+FAILED=$PAIR/BUILD_FAILED
+# The build runs in the background; the harness starts each server as soon as the weights it
+# needs exist (--wait-for-weights: `off` once the target is exported, while the draft trains).
+(
+  PYTHONPATH=$BUILD_PYPATH PYTHONUNBUFFERED=1 python3 -m benchmarks.models.build_pair --out "$PAIR" \
+    --target-seconds "${DYNSPEC_PAIR_TARGET_S:-120}" --draft-seconds "${DYNSPEC_PAIR_DRAFT_S:-65}" "${PAD[@]}" \
+    ${DYNSPEC_PAIR_BUILD_ARGS:-} > "$OUT/pair-build.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || { echo "build_pair exit $rc" > "$FAILED"; }
+  exit $rc
+) &
+BUILD_PID=$!
+# run_sweep.sh must not start before SGLang is unpacked (it would unpack a second copy).
 [ -n "$UNTAR_PID" ] && { wait "$UNTAR_PID" || note "background unpack failed; run_sweep.sh unpacks again"; }
-for f in "$MODEL/model.safetensors" "$PAIR/draft/model.safetensors" "$PAIR/prompts.json"; do
-  [ -f "$f" ] || { note "missing $f: no sweep"; exit 3; }
-done
 
 # C=250 needs a 256 graph and running-request cap; real weights, so no --load-format dummy.
 FLAGS="--skip-tokenizer-init --attention-backend triton --sampling-backend pytorch \
 --cuda-graph-bs 1 2 4 8 16 32 64 128 256 --max-running-requests 256"
 LEFT=$(( END_S - ($(date +%s) - T0) ))
-note "accept pass + sweep, $LEFT s until the last level may start"
+note "servers wait for their weights; accept pass + sweep, $LEFT s until the last level may start"
 DYNSPEC_NAME=pair-sweep DYNSPEC_BUDGET_S=$LEFT DYNSPEC_SITE=$SITE DYNSPEC_BUNDLE=$BUNDLE OUT=$OUT \
   bash "$REPO/benchmarks/device/run_sweep.sh" sweep \
+  --wait-for-weights "${DYNSPEC_PAIR_WAIT_S:-420}" --wait-abort-file "$FAILED" \
   --model "$MODEL" --draft "$PAIR/draft" --prompts-file "$PAIR/prompts.json" --kind pair \
   --modes "${DYNSPEC_PAIR_MODES:-off,on,dynspec:goodput},on@topk4" --accept-only on@topk4 \
   --accept-temperatures 0,0.7 --pair-manifest "$PAIR/pair.json" \
   -C "$LEVELS" --input-len 256 --output-len 128 --max-requests 600 \
   --common-flags "$FLAGS" "$@"
 RC=$?
-note "done (sweep exit $RC); $KIND target; manifest in $OUT/pair-manifest.json"
+wait "$BUILD_PID"; BUILD_RC=$?
+cp "$PAIR/pair.json" "$OUT/pair-manifest.json" 2>/dev/null
+tail -5 "$OUT/pair-build.log"
+note "done (build exit $BUILD_RC, sweep exit $RC); $KIND target; manifest in $OUT/pair-manifest.json"
+[ "$BUILD_RC" -eq 0 ] || exit 3
 exit "$RC"

@@ -102,6 +102,11 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-metrics", action="store_true", help="do not pass --enable-metrics")
     g.add_argument("--base-port", type=int, default=None)
     g.add_argument("--start-timeout", type=float, default=300.0)
+    g.add_argument("--wait-for-weights", type=float, default=0.0, metavar="SECONDS",
+                   help="each server first waits up to this long for <model>/model.safetensors (and its draft's): "
+                        "weights a builder is still writing; sweep/trace also wait for --prompts-file")
+    g.add_argument("--wait-abort-file", default=None,
+                   help="with --wait-for-weights: stop waiting when this file appears (the builder failed)")
     g.add_argument("--out-dir", default=str(REPO / "benchmarks/results"))
     g.add_argument("--name", default=None, help="result file stem (default: the subcommand)")
     g.add_argument("--log-dir", default=None, help="server logs (default: <out-dir>/<name>-logs)")
@@ -143,6 +148,7 @@ def _server_cfg(args, max_c: int, name: str) -> ServerConfig:
         extra_flags=shlex.split(args.extra_flags), policy_args=_json_obj(args.policy_args, "--policy-args"),
         stats_root=args.stats_root or f"/tmp/dynspec-stats/{name}-{os.getpid()}",
         deterministic=det, enable_metrics=not args.no_metrics,
+        wait_for_weights_s=args.wait_for_weights, wait_abort_file=args.wait_abort_file,
     )
 
 
@@ -238,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
         args.concurrency = args.concurrency or [1, 8, 32, 128]
         args.input_len = args.input_len or 256
         args.output_len = args.output_len or 128
+        if args.prompts_file and args.wait_for_weights > 0:
+            # The builder writes its prompts before the weights; the servers wait for those.
+            from .server import wait_for_files
+
+            waited = wait_for_files([args.prompts_file], args.wait_for_weights, args.wait_abort_file)
+            print(f"[dynspec-bench] {args.prompts_file} after {waited:.1f}s", flush=True)
         trace = None
         max_c = max(args.concurrency)
         if args.cmd == "trace":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .server import ServerSpec, safe_name
 
@@ -130,6 +131,11 @@ class ServerConfig:
     stats_root: str | None = None
     deterministic: bool = False
     enable_metrics: bool = True
+    # > 0: each server waits up to this long for <model>/model.safetensors (and the draft's, for
+    # speculative modes) before launching: weights a builder is still writing (build_pair writes
+    # that file last, atomically).  wait_abort_file: its appearance ends the wait (build failed).
+    wait_for_weights_s: float = 0.0
+    wait_abort_file: str | None = None
 
 
 def build_server_spec(mode: Mode, cfg: ServerConfig, port: int) -> ServerSpec:
@@ -171,8 +177,14 @@ def build_server_spec(mode: Mode, cfg: ServerConfig, port: int) -> ServerSpec:
     args += list(cfg.extra_flags)
     # Optional flags go in first; ServerProcess.start drops them on a failed first attempt.
     args += [f for f in cfg.optional_flags if f not in args]
+    wait_for: list[str] = []
+    if cfg.wait_for_weights_s > 0:
+        wait_for.append(str(Path(cfg.model) / "model.safetensors"))
+        if mode.speculative:
+            wait_for.append(str(Path(cfg.draft) / "model.safetensors"))
     return ServerSpec(name=mode.name, args=args, env=env, port=port,
-                      optional_flags=list(cfg.optional_flags))
+                      optional_flags=list(cfg.optional_flags), wait_for=wait_for,
+                      wait_timeout_s=cfg.wait_for_weights_s, wait_abort_file=cfg.wait_abort_file)
 
 
 def stats_dir_for(root: str, mode_name: str) -> str:

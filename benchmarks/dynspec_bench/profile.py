@@ -82,8 +82,34 @@ def analyze_trace(path: str | Path, steps: int, top: int = 12) -> dict:
                 "count": len(v)}
             for k, v in sorted(ann_cpu.items())
         },
+        "scheduler_thread": _scheduler_thread_split(evs, steps, window),
         "top_kernels": _top(kernels, steps, top),
         "top_cpu_ops": _top(cpu_ops, steps, top),
+    }
+
+
+def _scheduler_thread_split(evs: list[dict], steps: int, window: float) -> dict | None:
+    """Where the scheduler thread's time goes per step: inside the forward (SGLang's ``step[...]``
+    ranges and the plugin's ``dynspec.*`` ranges, united), blocked in CUDA synchronisation and
+    copy calls (waiting for the GPU; inside the forward too), and the rest (the scheduler's own per-step work: batch preparation,
+    result processing).  A CPU-bound server shows a small wait and a large rest."""
+    ann = [e for e in evs if e.get("cat") == "user_annotation"
+           and (e.get("name", "").startswith("step[") or e.get("name", "").startswith("dynspec."))]
+    if not ann:
+        return None
+    tid = max({e.get("tid") for e in ann}, key=lambda t: sum(1 for e in ann if e.get("tid") == t))
+    forward = _union_us([(e["ts"], e["ts"] + e["dur"]) for e in ann if e.get("tid") == tid])
+    # A device-to-pageable-host cudaMemcpy(Async) also blocks until the GPU gets there (v1's
+    # .tolist() of the sampled tokens): counted as waiting, like the explicit synchronisations.
+    waits = [e for e in evs if e.get("tid") == tid and e.get("cat") in ("cuda_runtime", "cuda_driver")
+             and ("Synchronize" in e.get("name", "") or "Memcpy" in e.get("name", ""))]
+    wait = sum(float(e["dur"]) for e in waits)
+    in_fwd = _union_us([(e["ts"], e["ts"] + e["dur"]) for e in waits
+                        if any(a["ts"] <= e["ts"] <= a["ts"] + a["dur"] for a in ann if a.get("tid") == tid)])
+    return {
+        "forward_cpu_us_per_step": round((forward - in_fwd) / steps, 1),
+        "wait_us_per_step": round(wait / steps, 1),
+        "rest_cpu_us_per_step": round(max(0.0, window - forward - (wait - in_fwd)) / steps, 1),
     }
 
 

@@ -48,6 +48,11 @@ class ServerSpec:
     optional_flags: list[str] = field(default_factory=list)
     # None means "python -m sglang.launch_server"; tests substitute a fake server here.
     command: list[str] | None = None
+    # Files that must exist before the launch (weights still being written by a builder), how
+    # long to wait for them, and a file whose appearance means they never will (builder failed).
+    wait_for: list[str] = field(default_factory=list)
+    wait_timeout_s: float = 0.0
+    wait_abort_file: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -61,6 +66,24 @@ class ServerSpec:
         if not self.command:
             args += ["--host", self.host, "--port", str(self.port)]
         return base + args
+
+
+def wait_for_files(paths: list[str], timeout_s: float, abort_file: str | None = None,
+                   cancelled=lambda: False, poll_s: float = 0.5) -> float:
+    """Block until every path exists; returns the seconds waited.  Raises ServerStartError on
+    timeout, when ``abort_file`` appears, or when ``cancelled()`` turns true."""
+    t0 = time.monotonic()
+    while True:
+        missing = [p for p in paths if not Path(p).exists()]
+        if not missing:
+            return time.monotonic() - t0
+        if abort_file and Path(abort_file).exists():
+            raise ServerStartError(f"gave up waiting for {missing}: {abort_file} appeared")
+        if cancelled():
+            raise ServerStartError(f"cancelled while waiting for {missing}")
+        if time.monotonic() - t0 > timeout_s:
+            raise ServerStartError(f"still missing after {timeout_s:.0f} s: {missing}")
+        time.sleep(poll_s)
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -84,6 +107,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.dropped_flags: list[str] = []
         self.start_s: float | None = None
+        self.waited_s: float = 0.0  # before the launch, for spec.wait_for
         self.attempts: list[dict] = []
         self._log_file = None
         self._cancelled = False
@@ -130,7 +154,11 @@ class ServerProcess:
             time.sleep(1.0)
 
     def start(self, timeout_s: float = 300.0) -> float:
-        """Launch and wait; retry once without spec.optional_flags if the first attempt dies."""
+        """Launch and wait; retry once without spec.optional_flags if the first attempt dies.
+        Files in spec.wait_for are waited for first (not counted in ``timeout_s`` or start_s)."""
+        if self.spec.wait_for:
+            self.waited_s = wait_for_files(self.spec.wait_for, self.spec.wait_timeout_s, self.spec.wait_abort_file,
+                                           cancelled=lambda: self._cancelled)
         t0 = time.monotonic()
         drops: list[list[str]] = [[]]
         if self.spec.optional_flags:

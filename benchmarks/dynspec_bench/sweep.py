@@ -122,8 +122,6 @@ class Sweep:
         })
         self._outputs: dict[str, list] = {}
         self._next_port = cfg.base_port
-        if cfg.pair_manifest:
-            self._embed_manifest(cfg.pair_manifest)
 
     # ---- top level -------------------------------------------------------------------
     def run(self) -> dict:
@@ -312,6 +310,9 @@ class Sweep:
     # ---- summary ---------------------------------------------------------------------
     def _finish(self) -> None:
         rec = self.record
+        if self.cfg.pair_manifest:
+            # Read last: with --wait-for-weights the builder may still have been writing it at start.
+            self._embed_manifest(self.cfg.pair_manifest)
         ref = self._outputs.get(self.cfg.reference)
         if ref is None and self._outputs:
             rec["settings"]["reference_used"] = next(iter(self._outputs))

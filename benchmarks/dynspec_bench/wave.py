@@ -50,6 +50,8 @@ def running_modes(
             ok, failed = start_all(servers, timeout_s)
         for s in servers:
             name = s.spec.name
+            if s.waited_s:
+                record["phase_times_s"][f"wait:{name}"] = round(s.waited_s, 3)
             if name in ok:
                 record["phase_times_s"][f"start:{name}"] = round(ok[name], 3)
                 extra = f" (dropped {s.dropped_flags})" if s.dropped_flags else ""

@@ -160,6 +160,19 @@ def build_pair(cfg: PairConfig) -> dict:
     man.phase("save_target", t, target={"path": str(tdir), "params": param_count(target.state_dict()),
                                         "shape": target.shape.as_dict(), "padded": False})
 
+    # Before the draft trains: a server of the target alone (harness --wait-for-weights) can
+    # start while the draft is still training.
+    if cfg.pad_layers or cfg.pad_intermediate:
+        t = time.perf_counter()
+        state, pshape = padded_state(target, max(cfg.pad_layers, cfg.layers),
+                                     max(cfg.pad_intermediate, cfg.intermediate), seed=cfg.seed + 2,
+                                     dtype=xdtype, device=dev)
+        pdir = save_target(target, out / "target-padded", xdtype, eos_id, state=state, shape=pshape)
+        man.phase("save_padded", t, target_padded={
+            "path": str(pdir), "padded": True, "params": param_count(state), "shape": pshape.as_dict(),
+            "note": "same logits as target/ (extra parts add exact zeros); only the step cost is larger"})
+        del state
+
     t = time.perf_counter()
     torch.manual_seed(cfg.seed + 1)
     draft = Eagle3Draft(cfg.draft_shape(), n_aux=len(cfg.aux_layers), target_hidden=cfg.hidden).to(dev)
@@ -175,17 +188,6 @@ def build_pair(cfg: PairConfig) -> dict:
     man.phase("save_draft", t, draft={"path": str(ddir), "params": param_count(draft.state_dict()),
                                       "shape": draft.shape.as_dict(), "aux_layers": list(cfg.aux_layers),
                                       "embeddings": "shared from the target at load"})
-
-    if cfg.pad_layers or cfg.pad_intermediate:
-        t = time.perf_counter()
-        state, pshape = padded_state(target, max(cfg.pad_layers, cfg.layers),
-                                     max(cfg.pad_intermediate, cfg.intermediate), seed=cfg.seed + 2,
-                                     dtype=xdtype, device=dev)
-        pdir = save_target(target, out / "target-padded", xdtype, eos_id, state=state, shape=pshape)
-        man.phase("save_padded", t, target_padded={
-            "path": str(pdir), "padded": True, "params": param_count(state), "shape": pshape.as_dict(),
-            "note": "same logits as target/ (extra parts add exact zeros); only the step cost is larger"})
-        del state
 
     t = time.perf_counter()
     wins = data["wins"][:cfg.greedy_prompts]

@@ -7,6 +7,7 @@ Configs carry the RoPE base both as `rope_theta` (older readers, SGLang's Llama)
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -51,8 +52,12 @@ def _save(state: dict, cfg: dict, out_dir: Path, dtype: torch.dtype) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    # config first, weights last and atomically: a server waiting for model.safetensors
+    # (harness --wait-for-weights) never sees half a folder.
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    tmp = out_dir / "model.safetensors.partial"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out_dir / "model.safetensors")
     return out_dir
 
 

@@ -154,3 +154,47 @@ def test_pair_accept_pass_and_manifest(tmp_path, shim_env):
     assert rec["repeated_4gram_share"]["held_out"] == 0.1
     with pytest.raises(ValueError, match="accept_only"):
         _cfg(tmp_path, accept_only=["on@topk4"], accept_temperatures=[0.0])
+
+
+def test_servers_start_as_their_weights_appear(tmp_path, shim_env):
+    """A builder still writing: `off` launches once the target exists, `on` once the draft does too,
+    and the manifest (finished last) is read when the sweep ends."""
+    import threading
+
+    target, draft, man = tmp_path / "target", tmp_path / "draft", tmp_path / "pair.json"
+    target.mkdir()
+    draft.mkdir()
+    man.write_text(json.dumps({"phase_seconds": {"target": 1}}))  # incomplete at start
+
+    def builder():
+        time.sleep(1.0)
+        (target / "model.safetensors").write_bytes(b"w")
+        time.sleep(1.5)
+        (draft / "model.safetensors").write_bytes(b"w")
+        man.write_text(json.dumps({"phase_seconds": {"target": 120, "draft": 60}}))
+
+    th = threading.Thread(target=builder)
+    th.start()
+    server = ServerConfig(model=str(target), draft=str(draft), stats_root=str(tmp_path / "stats"),
+                          max_total_tokens=4096, wait_for_weights_s=30)
+    rec = Sweep(_cfg(tmp_path, waves=[["off", "on"]], concurrency=[2], server=server, pair_manifest=str(man)),
+                argv=["sweep"]).run()
+    th.join()
+    waits = rec["phase_times_s"]
+    assert 0.8 < waits["wait:off"] < 2.3 and waits["wait:on"] > waits["wait:off"] + 1.0
+    assert rec["modes"]["off"]["2"]["failed"] == 0 and rec["modes"]["on"]["2"]["failed"] == 0
+    assert rec["build_minutes"] == 3.0  # the finished manifest, not the one present at start
+
+
+def test_failed_builder_ends_the_wait(tmp_path, shim_env):
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "model.safetensors").write_bytes(b"w")
+    (tmp_path / "BUILD_FAILED").write_text("build_pair exit 1")
+    server = ServerConfig(model=str(tmp_path / "target"), draft=str(tmp_path / "draft"),
+                          stats_root=str(tmp_path / "stats"), max_total_tokens=4096, wait_for_weights_s=30,
+                          wait_abort_file=str(tmp_path / "BUILD_FAILED"))
+    t0 = time.monotonic()
+    rec = Sweep(_cfg(tmp_path, waves=[["off", "on"]], concurrency=[2], server=server), argv=["sweep"]).run()
+    assert time.monotonic() - t0 < 25  # no 30 s wait
+    assert "BUILD_FAILED appeared" in rec["errors"]["on"]["start"]
+    assert rec["modes"]["off"]["2"]["failed"] == 0  # the target's server still measured

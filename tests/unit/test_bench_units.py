@@ -189,3 +189,26 @@ def test_analyze_trace_reads_a_real_torch_profiler_trace(tmp_path):
     assert "aten::mm" in names or "aten::matmul" in names
     # Outside a profiler the span is a shared no-op (no per-step cost).
     assert span("dynspec.offstep.target") is span("other")
+
+
+def test_scheduler_thread_split_separates_forward_wait_and_scheduler_work(tmp_path):
+    from benchmarks.dynspec_bench.profile import analyze_trace
+
+    # Two 10 ms steps on thread 1: forward ranges 0-3 ms (a 1 ms memcpy wait inside), an event
+    # sync 5-7 ms outside; thread 2's sync must not count.  Per step: forward 3-1 = 2 ms CPU,
+    # waiting 1 + 2 = 3 ms, the rest 10 - 3 - 2 = 5 ms.
+    evs = []
+    for k in range(2):
+        t = k * 10_000.0
+        evs += [
+            {"ph": "X", "cat": "user_annotation", "name": "dynspec.offstep.target", "tid": 1, "ts": t, "dur": 2_000.0},
+            {"ph": "X", "cat": "user_annotation", "name": "step[DECODE bs=8]", "tid": 1, "ts": t + 500, "dur": 2_500.0},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "tid": 1, "ts": t + 1_000, "dur": 1_000.0},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaEventSynchronize", "tid": 1, "ts": t + 5_000, "dur": 2_000.0},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "tid": 2, "ts": t + 5_000, "dur": 4_000.0},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::add", "tid": 1, "ts": t + 9_990, "dur": 10.0},
+        ]
+    path = tmp_path / "t.trace.json"
+    path.write_text(json.dumps({"traceEvents": evs}))
+    split = analyze_trace(path, steps=2)["scheduler_thread"]
+    assert split == {"forward_cpu_us_per_step": 2000.0, "wait_us_per_step": 3000.0, "rest_cpu_us_per_step": 5000.0}

@@ -45,6 +45,10 @@ def test_toy_build_writes_a_complete_pair(tmp_path):
     assert len(prompts) == 12 and all(len(p) == 32 and max(p) < 300 for p in prompts)
     for d in ("target", "target-padded", "draft"):
         assert (out / d / "config.json").exists() and (out / d / "model.safetensors").exists()
+    assert not list(out.rglob("*.partial"))  # weights land atomically (servers wait for them)
+    # The padded target is out before the draft trains, so its server can start meanwhile.
+    order = list(man["phase_seconds"])
+    assert order.index("save_padded") < order.index("train_draft")
     assert (out / "tokenizer.json").exists()
 
     # Same seed, same everything that does not depend on the clock.
