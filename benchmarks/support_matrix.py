@@ -13,15 +13,15 @@ report, no crash and outputs identical to the reference.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import readme_block  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-README = ROOT / "README.md"
-START, END = "<!-- support-matrix:start -->", "<!-- support-matrix:end -->"
 RELEASES = ["0.5.9", "0.5.12", "0.5.15", "0.5.23"]
 
 
@@ -95,28 +95,7 @@ def table() -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--write", action="store_true")
-    ap.add_argument("--check", action="store_true")
-    a = ap.parse_args(argv)
-    t = table()
-    if not (a.write or a.check):
-        print(t)
-        return 0
-    text = README.read_text()
-    if START not in text or END not in text:
-        print(f"README.md has no {START} ... {END} block", file=sys.stderr)
-        return 1
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    new = f"{head}{START}\n{t}\n{END}{tail}"
-    if a.check:
-        if new != text:
-            print("README.md support matrix is stale: run python benchmarks/support_matrix.py --write", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(new)
-    return 0
+    return readme_block.main("support-matrix", table, argv)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,52 @@ def test_config_error_exit_code(capsys, monkeypatch):
     assert "safe_mode (env SGLANG_DYNSPEC_SAFE_MODE)" in capsys.readouterr().err
 
 
+def test_readme_perf_table_is_current():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, str(root / "benchmarks" / "perf_table.py"), "--check"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_perf_table_rows_from_result_files(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import perf_table
+    import readme_block
+
+    def rec(kind, ratios, stats=True, tp=None):
+        flags = {"dynspec:goodput": {"args": ["--model-path", "m"] + (["--tp", str(tp)] if tp else [])}}
+        return {"kind": kind, "sglang_version": "0.5.12", "padded": True, "flags": flags,
+                "modes": {"off": {}, "on": {}, "dynspec:goodput": {}},
+                "server_stats": {"dynspec:goodput": {"dynspec_stats": {"steps_off": 5}} if stats else {}},
+                "ratio_to_best_static": {"dynspec:goodput": ratios}}
+
+    (tmp_path / "a.json").write_text(json.dumps(rec("pair", {"10": 0.98, "2": 0.97, "250": 1.01})))
+    (tmp_path / "b.json").write_text(json.dumps(rec("sweep", {"1": 0.5}, tp=2)))
+    (tmp_path / "c.json").write_text(json.dumps(rec("sweep", {"1": 0.9}, stats=False)))  # plugin absent
+    (tmp_path / "d.json").write_text(json.dumps({"kind": "fuzz"}))
+    rows = perf_table.rows(tmp_path)
+    assert [(r["file"], r["tp"], r["min"]) for r in rows] == [("a.json", 1, 0.97), ("b.json", 2, 0.5)]
+    lines = perf_table.table(tmp_path).splitlines()
+    assert "2: 0.97, 10: 0.98, 250: 1.01" in lines[2] and lines[2].endswith("| yes |")
+    assert lines[3].endswith("| no |") and "0.5.12, 2" in lines[3]
+    # The block helper refuses a README without markers and rewrites only between them.
+    readme = tmp_path / "README.md"
+    readme.write_text("head\n<!-- t:start -->\nold\n<!-- t:end -->\ntail\n")
+    assert readme_block.main("t", lambda: "new", ["--check"], readme=readme) == 1
+    assert readme_block.main("t", lambda: "new", ["--write"], readme=readme) == 0
+    assert readme.read_text() == "head\n<!-- t:start -->\nnew\n<!-- t:end -->\ntail\n"
+    assert readme_block.main("t", lambda: "new", ["--check"], readme=readme) == 0
+    assert readme_block.main("u", lambda: "x", ["--write"], readme=readme) == 1
+
+
 def test_readme_support_matrix_is_current():
     import subprocess
     import sys

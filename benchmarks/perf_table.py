@@ -1,0 +1,80 @@
+"""Generate the README's performance table from committed sweep / pair / trace results.
+
+One row per dynspec mode of each run in which the plugin reported (stats): its output tok/s divided by the best static mode's
+(`ratio_to_best_static`, the PNG's lower panel) at every measured concurrency, the lowest of
+them, and whether the ≥ 0.97× goal holds at every C that ran.
+
+    python benchmarks/perf_table.py            # print the table
+    python benchmarks/perf_table.py --write    # replace it in README.md
+    python benchmarks/perf_table.py --check    # exit 1 if README.md is stale
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import readme_block  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+GOAL = 0.97
+
+
+def _tp(record: dict) -> int:
+    for flags in (record.get("flags") or {}).values():
+        args = flags.get("args") or []
+        for flag in ("--tp", "--tp-size", "--tensor-parallel-size"):
+            if flag in args:
+                return int(args[args.index(flag) + 1])
+    return 1
+
+
+def _model(record: dict) -> str:
+    if record.get("kind") == "pair":
+        return "trained pair" + (" (padded)" if record.get("padded") else "")
+    return "8B-shaped, dummy weights"
+
+
+def rows(results: Path = RESULTS) -> list[dict]:
+    out = []
+    for f in sorted(results.glob("*.json")):
+        try:
+            d = json.loads(f.read_text())
+        except ValueError:
+            continue
+        if d.get("kind") not in ("sweep", "pair", "trace"):
+            continue
+        ratios = d.get("ratio_to_best_static") or {}
+        for mode in d.get("modes") or {}:
+            if not mode.startswith("dynspec:"):
+                continue
+            if not ((d.get("server_stats") or {}).get(mode) or {}).get("dynspec_stats"):
+                continue  # the plugin did not run in that server (no stats): not a dynspec result
+            by_c = {c: r for c, r in (ratios.get(mode) or {}).items() if r is not None}
+            if not by_c:
+                continue
+            out.append({"file": f.name, "model": _model(d), "sglang": d.get("sglang_version"), "tp": _tp(d),
+                        "mode": mode, "ratios": by_c, "min": min(by_c.values())})
+    return out
+
+
+def table(results: Path = RESULTS) -> str:
+    lines = [f"| run | model | SGLang, TP | mode | dynspec ÷ best static, by C | lowest | ≥ {GOAL}× at every C |",
+             "|---|---|---|---|---|---:|---|"]
+    for r in rows(results):
+        cells = ", ".join(f"{c}: {v:.2f}" for c, v in sorted(r["ratios"].items(), key=lambda kv: float(kv[0])
+                                                             if kv[0].replace(".", "").isdigit() else 0.0))
+        met = "yes" if r["min"] >= GOAL else "no"
+        lines.append(f"| `{r['file']}` | {r['model']} | {r['sglang']}, {r['tp']} | `{r['mode']}` | {cells} | "
+                     f"{r['min']:.2f} | {met} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    return readme_block.main("perf-table", table, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
