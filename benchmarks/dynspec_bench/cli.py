@@ -222,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-bs", type=lambda t: _ints(t, "--profile-bs"), default=[],
                    help="also profile every server at these batch sizes (SGLang /start_profile)")
     p.add_argument("--profile-steps", type=int, default=30, help="decode steps per profile")
+    p.add_argument("--profile-stack", action="store_true",
+                   help="record Python stacks in the profiles (heavier: shows which code each step runs)")
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=512)
     p.add_argument("--requests-factor", type=int, default=2)
@@ -307,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                         input_len=args.input_len, requests_factor=args.requests_factor, out_dir=args.out_dir,
                         name=name, log_dir=args.log_dir, base_port=args.base_port or 30200, start_timeout_s=args.start_timeout,
                         deadline=_deadline(args), seed=args.seed, level_margin_s=args.level_margin_s,
-                        profile_bs=args.profile_bs, profile_steps=args.profile_steps)
+                        profile_bs=args.profile_bs, profile_steps=args.profile_steps,
+                        profile_stack=args.profile_stack)
     rec = run_offstep(cfg, full_argv)
     return 0 if rec["per_bs"] else 1

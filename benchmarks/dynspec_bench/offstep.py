@@ -28,6 +28,7 @@ class OffstepConfig(RunConfig):
     # Batch sizes at which both servers are also profiled (SGLang's /start_profile), and for how many steps.
     profile_bs: list[int] = field(default_factory=list)
     profile_steps: int = 30
+    profile_stack: bool = False  # Python stacks in the traces (heavier; says which code runs per step)
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
@@ -56,7 +57,7 @@ def _profile_level(rec: dict, cfg: OffstepConfig, live: dict, modes, prompts: Pr
         tag = f"prof-{safe_name(m.name)}-bs{bs}"
         with phase(rec, f"profile:{m.name}:bs={bs}"):
             res = profile_server(live[m.name].base_url, batch, log_dir / "profiles", tag,
-                                 num_steps=cfg.profile_steps)
+                                 num_steps=cfg.profile_steps, with_stack=cfg.profile_stack)
         rec.setdefault("profile", {}).setdefault(m.name, {})[str(bs)] = res
         log("profile " + summary_line(res))
 
@@ -75,7 +76,8 @@ def run_offstep(cfg: OffstepConfig, argv: list[str] | None = None) -> dict:
                 "worker_path": worker_path_guess(dyn_ms[0], rec["sglang_version"]), "draft_model": cfg.server.draft,
                 "settings": {"output_len": cfg.output_len, "input_len": cfg.input_len,
                              "requests_factor": cfg.requests_factor, "variant": cfg.variant,
-                             "profile_bs": cfg.profile_bs, "profile_steps": cfg.profile_steps}})
+                             "profile_bs": cfg.profile_bs, "profile_steps": cfg.profile_steps,
+                             "profile_stack": cfg.profile_stack}})
     if len(dyn_ms) > 1:
         # per_bs is the first dynspec server's; per_mode has every one's (same fields).
         rec["per_mode"] = {m.name: {"worker_path": worker_path_guess(m, rec["sglang_version"]), **m.shape,

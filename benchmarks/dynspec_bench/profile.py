@@ -51,6 +51,7 @@ def analyze_trace(path: str | Path, steps: int, top: int = 12) -> dict:
     t0 = min(e["ts"] for e in evs)
     t1 = max(e["ts"] + e["dur"] for e in evs)
     kernels, cpu_ops, ann_cpu, ann_gpu = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list)
+    py_funcs = defaultdict(list)  # only in traces recorded with Python stacks (--profile-stack)
     runtime = defaultdict(int)
     for e in evs:
         cat, name, dur = e.get("cat"), e.get("name", "?"), float(e["dur"])
@@ -58,6 +59,8 @@ def analyze_trace(path: str | Path, steps: int, top: int = 12) -> dict:
             kernels[name].append(dur)
         elif cat == "cpu_op":
             cpu_ops[name].append(dur)
+        elif cat == "python_function" and (".py(" in name and ("sglang" in name or "dynspec" in name)):
+            py_funcs[name].append(dur)
         elif cat == "cuda_runtime" or cat == "cuda_driver":
             runtime[name] += 1
         elif cat == "user_annotation" and name.startswith("dynspec."):
@@ -85,6 +88,8 @@ def analyze_trace(path: str | Path, steps: int, top: int = 12) -> dict:
         "scheduler_thread": _scheduler_thread_split(evs, steps, window),
         "top_kernels": _top(kernels, steps, top),
         "top_cpu_ops": _top(cpu_ops, steps, top),
+        # Inclusive time of SGLang / plugin Python functions (nested ones overlap their callers).
+        **({"top_python": _top(py_funcs, steps, 3 * top)} if py_funcs else {}),
     }
 
 
@@ -120,7 +125,8 @@ def _post_json(url: str, body: dict, timeout_s: float) -> str:
 
 
 def profile_server(base_url: str, prompts: list[list[int]], out_dir: str | Path, tag: str, num_steps: int = 30,
-                   output_len: int = 1024, lead_s: float = 3.0, timeout_s: float = 90.0) -> dict:
+                   output_len: int = 1024, lead_s: float = 3.0, timeout_s: float = 90.0,
+                   with_stack: bool = False) -> dict:
     """Profile ``num_steps`` forward steps of a server decoding ``len(prompts)`` requests at once."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -140,7 +146,7 @@ def profile_server(base_url: str, prompts: list[list[int]], out_dir: str | Path,
     try:
         info["start_profile"] = _post_json(base_url + "/start_profile", {
             "output_dir": str(out_dir), "num_steps": num_steps, "activities": ["CPU", "GPU"],
-            "with_stack": False, "record_shapes": False, "profile_prefix": tag}, timeout_s)
+            "with_stack": with_stack, "record_shapes": False, "profile_prefix": tag}, timeout_s)
     except Exception as exc:  # noqa: BLE001 - the call may block until the steps ran; the file decides
         info["start_profile"] = repr(exc)[:300]
     deadline = time.time() + timeout_s

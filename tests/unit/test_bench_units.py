@@ -212,3 +212,20 @@ def test_scheduler_thread_split_separates_forward_wait_and_scheduler_work(tmp_pa
     path.write_text(json.dumps({"traceEvents": evs}))
     split = analyze_trace(path, steps=2)["scheduler_thread"]
     assert split == {"forward_cpu_us_per_step": 2000.0, "wait_us_per_step": 3000.0, "rest_cpu_us_per_step": 5000.0}
+
+
+def test_python_functions_reported_when_the_trace_has_stacks(tmp_path):
+    from benchmarks.dynspec_bench.profile import analyze_trace
+
+    evs = [{"ph": "X", "cat": "python_function", "name": "sglang/srt/managers/scheduler.py(10): run_batch",
+            "tid": 1, "ts": 0.0, "dur": 300.0},
+           {"ph": "X", "cat": "python_function", "name": "threading.py(5): wait", "tid": 1, "ts": 400.0, "dur": 50.0},
+           {"ph": "X", "cat": "python_function", "name": "sglang_dynspec/runtime.py(3): _forward",
+            "tid": 1, "ts": 500.0, "dur": 100.0}]
+    path = tmp_path / "t.trace.json"
+    path.write_text(json.dumps({"traceEvents": evs}))
+    top = analyze_trace(path, steps=1)["top_python"]
+    assert [r["name"] for r in top] == ["sglang/srt/managers/scheduler.py(10): run_batch",
+                                        "sglang_dynspec/runtime.py(3): _forward"]
+    path.write_text(json.dumps({"traceEvents": evs[1:2]}))
+    assert "top_python" not in analyze_trace(path, steps=1)
