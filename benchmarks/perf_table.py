@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import readme_block  # noqa: E402
+from report import level_key  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 GOAL = 0.97
@@ -64,8 +65,7 @@ def table(results: Path = RESULTS) -> str:
     lines = [f"| run | model | SGLang, TP | mode | dynspec ÷ best static, by C | lowest | ≥ {GOAL}× at every C |",
              "|---|---|---|---|---|---:|---|"]
     for r in rows(results):
-        cells = ", ".join(f"{c}: {v:.2f}" for c, v in sorted(r["ratios"].items(), key=lambda kv: float(kv[0])
-                                                             if kv[0].replace(".", "").isdigit() else 0.0))
+        cells = ", ".join(f"{c}: {r['ratios'][c]:.2f}" for c in sorted(r["ratios"], key=level_key))
         met = "yes" if r["min"] >= GOAL else "no"
         lines.append(f"| `{r['file']}` | {r['model']} | {r['sglang']}, {r['tp']} | `{r['mode']}` | {cells} | "
                      f"{r['min']:.2f} | {met} |")

@@ -16,9 +16,14 @@ def _f(v, nd=1):
     return str(v)
 
 
+def level_key(c: str):
+    """Order of a result's level keys: concurrencies numerically, other keys ("trace") after them."""
+    return (not c.isdigit(), int(c) if c.isdigit() else 0, c)
+
+
 def sweep_table(rec: dict) -> str:
     modes = rec.get("modes") or {}
-    levels = sorted({c for lv in modes.values() for c in lv}, key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else c))
+    levels = sorted({c for lv in modes.values() for c in lv}, key=level_key)
     ratios = rec.get("ratio_to_best_static") or {}
     lines = ["| mode | " + " | ".join(f"C={c}" for c in levels) + " |",
              "|---|" + "---:|" * len(levels)]

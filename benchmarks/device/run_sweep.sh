@@ -14,6 +14,8 @@
 #                      the device tool kills at 600 s, and stopping + packing needs ~30 s)
 #   DYNSPEC_NAME       result file stem (default: the subcommand)
 #   DYNSPEC_GIT_COMMIT commit id for the record (else dist/GIT_COMMIT, else none: no .git there)
+#   DYNSPEC_TRACE      1: dynspec servers write the plugin's decision trace (per process) into the
+#                      logs, and rank_traces adds the TP ranks' agreement to the result JSON
 #   DYNSPEC_SITE       where site.tar.xz is unpacked (default /tmp/site; reused when present, so a
 #                      second release on a warm machine needs its own, e.g. /tmp/site-0.5.15)
 #   OUT                where results go (the device tool sets it)
@@ -42,6 +44,7 @@ STATS=/tmp/dynspec-stats-$NAME
 rm -rf "$LOGS" "$STATS"
 mkdir -p "$OUT" "$LOGS"
 : > "$PHASES"
+if [ "${DYNSPEC_TRACE:-0}" = 1 ]; then export SGLANG_DYNSPEC_TRACE_FILE=$LOGS/trace/dyn.jsonl; fi
 # The machine's image turns NVLink multicast off; keep it so for every server we start.
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1} \
   NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
@@ -136,6 +139,9 @@ else
 fi
 RC=${PIPESTATUS[0]}
 note "harness exit $RC after $(elapsed "$t")s"
+if [ -d "$LOGS/trace" ]; then
+  python3 -m benchmarks.dynspec_bench.rank_traces "$LOGS/trace" --into "$OUT/$NAME.json" || true
+fi
 
 # ---- 4. pack logs (one file: at most 8 come back) and summarise --------------------------------
 cp "$PHASES" "$LOGS/phases.txt" 2>/dev/null

@@ -5,7 +5,9 @@ writes ``<stem>.<pid>.jsonl``: one line per decode step with the step number, ba
 decision.  Ranks that agree have identical (step, bs, on) sequences.  A process killed at shutdown
 may lose the tail of its buffered file, so the sequences are compared over their common length.
 
-    python -m benchmarks.dynspec_bench.rank_traces <dir> [--json out.json]
+    python -m benchmarks.dynspec_bench.rank_traces <dir> [--into result.json]
+
+run_sweep.sh does both when started with DYNSPEC_TRACE=1.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def compare_dir(directory: str | Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("directory")
-    ap.add_argument("--json", default=None, help="also write the comparison here")
+    ap.add_argument("--into", default=None, metavar="RESULT.json",
+                    help="add the comparison to this harness result as `tp_rank_agreement`")
     args = ap.parse_args(argv)
     out = compare_dir(args.directory)
     if not out:
@@ -84,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{stem}: {r['processes']} processes, {r['steps_compared']} steps compared "
               f"({r['steps_on_compared']} on, {r['switches_compared']} switches): "
               f"{'AGREE' if r['agree'] else 'DIFFER ' + json.dumps(r['first_difference'])}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    if args.into and Path(args.into).exists():
+        rec = json.loads(Path(args.into).read_text())
+        rec["tp_rank_agreement"] = next(iter(out.values())) if len(out) == 1 else out
+        Path(args.into).write_text(json.dumps(rec, indent=1))
     return 0 if all(r["agree"] for r in out.values()) else 1
 
 

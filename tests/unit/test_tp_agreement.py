@@ -7,6 +7,7 @@ decision trace, which the harness's rank_traces tool (used on the GPU's TP=2 run
 same way.
 """
 
+import json
 import multiprocessing as mp
 import random
 import socket
@@ -89,6 +90,11 @@ def test_ranks_decide_identically(policy, args, tmp_path):
     (cmp,) = rank_traces.compare_dir(tmp_path).values()
     assert cmp["agree"] and cmp["processes"] == 2 and cmp["steps_compared"] == STEPS
     assert cmp["switches_compared"] == s0["switches"]
+    # As run_sweep.sh uses it: the comparison joins the harness result.
+    result = tmp_path / "r.json"
+    result.write_text(json.dumps({"kind": "fuzz"}))
+    assert rank_traces.main([str(tmp_path), "--into", str(result)]) == 0
+    assert json.loads(result.read_text())["tp_rank_agreement"] == cmp
 
 
 def test_without_agreement_goodput_ranks_diverge(tmp_path):
@@ -97,3 +103,4 @@ def test_without_agreement_goodput_ranks_diverge(tmp_path):
     (cmp,) = rank_traces.compare_dir(tmp_path).values()
     first = next(i for i, (a, b) in enumerate(zip(res[0][0], res[1][0])) if a != b)
     assert not cmp["agree"] and cmp["first_difference"]["index"] == first
+    assert rank_traces.main([str(tmp_path)]) == 1
