@@ -27,7 +27,9 @@ def summarise(xml_path: Path) -> dict:
         for path, mod in ADAPTER_MODULES.items():
             if mod in cls:
                 adapters[path][status] += 1
-    return {**counts, "adapters": adapters}
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    versions = {k: props.get(k) or None for k in ("sglang", "torch", "torch_pin")}
+    return {**counts, "adapters": adapters, **versions}
 
 
 def main() -> int:

@@ -75,6 +75,12 @@ def gpu_evidence() -> dict[tuple[str, str, str], list[str]]:
     return found
 
 
+def _torch_note(env: dict) -> str:
+    """Name the torch when the CI ran a release on a shared torch instead of its own pin."""
+    torch, pin = env.get("torch"), env.get("torch_pin")
+    return f"; torch {torch}, not its pin {pin}" if torch and pin and torch != pin else ""
+
+
 def table() -> str:
     cpu, gpu = cpu_evidence(), gpu_evidence()
     lines = ["| SGLang | worker path | topk | activation | CPU-tested | GPU-tested (H200) |",
@@ -87,7 +93,7 @@ def table() -> str:
                 c = "no"
             else:
                 t = env.get("adapters", {}).get(path, {})
-                c = f"yes ({t.get('passed', 0)} adapter tests)" if t.get("passed") and not t.get("failed") else "FAILING" if t.get("failed") else "no"
+                c = f"yes ({t.get('passed', 0)} adapter tests{_torch_note(env)})" if t.get("passed") and not t.get("failed") else "FAILING" if t.get("failed") else "no"
             g = gpu.get((rel, path, topk))
             gtxt = "yes: " + ", ".join(sorted(set(g))) if g else "no"
             lines.append(f"| {rel} | {path} | {topk} | {act} | {c} | {gtxt} |")

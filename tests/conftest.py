@@ -48,13 +48,42 @@ def _activate_sgl_kernel_shim(sglang_version):
     return f"sgl_kernel: TEST SHIM ACTIVE ({SHIM_DIR}); real import failed: {reason}"
 
 
+def _torch_versions():
+    """(installed torch, the release's pin from tox's DYNSPEC_TORCH_PIN or None)."""
+    try:
+        installed = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    return installed, os.environ.get("DYNSPEC_TORCH_PIN") or None
+
+
+def _torch_status(installed, pin):
+    if installed is None:
+        return "torch: not installed"
+    if pin is None:
+        return f"torch: {installed}"
+    if Version(installed).public == Version(pin).public:
+        return f"torch: {installed} (this release's pin)"
+    # .ci/run does this on a machine short of disk (DYNSPEC_CI_TORCH): say it, never hide it.
+    return f"torch: {installed} SHARED, not this release's pin {pin} (DYNSPEC_CI_TORCH)"
+
+
 _SGLANG_VERSION = _installed_sglang_version()
 _SHIM_STATUS = _activate_sgl_kernel_shim(_SGLANG_VERSION)
+_TORCH, _TORCH_PIN = _torch_versions()
 
 
 def pytest_report_header(config):
     sglang = f"sglang: {_SGLANG_VERSION}" if _SGLANG_VERSION else "sglang: not installed"
-    return [sglang, _SHIM_STATUS]
+    return [sglang, _torch_status(_TORCH, _TORCH_PIN), _SHIM_STATUS]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _record_versions(record_testsuite_property):
+    # Read back by benchmarks/collect_cpu_matrix.py, so the matrix says which torch each env had.
+    record_testsuite_property("sglang", str(_SGLANG_VERSION) if _SGLANG_VERSION else "")
+    record_testsuite_property("torch", _TORCH or "")
+    record_testsuite_property("torch_pin", _TORCH_PIN or "")
 
 
 def _cuda_available():

@@ -115,7 +115,30 @@ def _scheduler_thread_split(evs: list[dict], steps: int, window: float) -> dict 
         "forward_cpu_us_per_step": round((forward - in_fwd) / steps, 1),
         "wait_us_per_step": round(wait / steps, 1),
         "rest_cpu_us_per_step": round(max(0.0, window - forward - (wait - in_fwd)) / steps, 1),
+        "outside_forward_top_ops": _outside_forward_ops(evs, tid, ann, steps),
     }
+
+
+def _outside_forward_ops(evs: list[dict], tid, ann: list[dict], steps: int, top: int = 10) -> list[dict]:
+    """The scheduler thread's outermost profiled calls (aten ops, CUDA runtime calls) outside the
+    forward ranges, per step: what SGLang's own batch preparation and result processing launch and
+    wait for.  Nested calls are inside their caller's time, so only the outermost one counts."""
+    spans = sorted((a["ts"], a["ts"] + a["dur"]) for a in ann if a.get("tid") == tid)
+    calls = sorted((e for e in evs if e.get("tid") == tid and e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver")),
+                   key=lambda e: (e["ts"], -e["dur"]))
+    groups: dict[str, list[float]] = defaultdict(list)
+    outer_end, i = float("-inf"), 0
+    for e in calls:
+        ts = e["ts"]
+        while i < len(spans) and spans[i][1] < ts:
+            i += 1
+        if i < len(spans) and spans[i][0] <= ts:
+            continue  # inside a forward range
+        if ts < outer_end:
+            continue  # nested in the previous outermost call
+        groups[e.get("name", "?")].append(float(e["dur"]))
+        outer_end = ts + e["dur"]
+    return _top(groups, steps, top)
 
 
 def _post_json(url: str, body: dict, timeout_s: float) -> str:

@@ -502,6 +502,40 @@ def test_forward_off_builds_target_decode_and_result(m, up, sglang_version):
     assert nd.topk_p is not None and nd.hidden_states is not None
 
 
+def test_forward_off_publishes_seq_lens_before_the_target_runs(m, up, monkeypatch):
+    """The scheduler blocks on the published seq_lens before preparing the next batch; an
+    off-step knows them up front, so it must publish before the target decode is launched
+    (published after it, the next batch's preparation could not overlap this step's GPU work)."""
+    w, target, draft, batch = _off_setup(m, up)
+    order = []
+    forward = target.forward_batch_generation
+    target.forward_batch_generation = lambda *a, **k: (order.append("target"), forward(*a, **k))[1]
+    kwargs = {}
+    if compat.v2_input_kind() == "schedule_batch":
+        kwargs["on_publish"] = lambda lens: order.append(("publish", lens.tolist()))
+    else:
+        device_mod = torch.get_device_module(batch.seq_lens.device)
+
+        class Event:
+            def record(self):
+                order.append(("record", id(self)))
+
+            def synchronize(self):
+                pass
+
+        monkeypatch.setattr(device_mod, "Event", Event)
+    res = m.forward_off(w, batch, **kwargs)
+
+    assert order[-1] == "target" and len(order) == 2, order
+    if compat.v2_input_kind() == "schedule_batch":
+        assert order[0] == ("publish", [11, 21])
+    else:
+        nd = res.next_draft_input
+        assert nd.new_seq_lens.tolist() == [11, 21]
+        if "verify_done" in compat.dataclass_field_names(up.EDI):
+            assert order[0] == ("record", id(nd.verify_done))
+
+
 def test_forward_off_standalone_captures_nothing(m, up):
     w, target, draft, batch = _off_setup(m, up)
     w.speculative_algorithm = up.Algo.from_string("STANDALONE")

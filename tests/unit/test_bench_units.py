@@ -211,7 +211,28 @@ def test_scheduler_thread_split_separates_forward_wait_and_scheduler_work(tmp_pa
     path = tmp_path / "t.trace.json"
     path.write_text(json.dumps({"traceEvents": evs}))
     split = analyze_trace(path, steps=2)["scheduler_thread"]
+    outside = split.pop("outside_forward_top_ops")
     assert split == {"forward_cpu_us_per_step": 2000.0, "wait_us_per_step": 3000.0, "rest_cpu_us_per_step": 5000.0}
+    # Outside the forward: the event sync and the add; the memcpy inside and thread 2's sync are not.
+    assert outside == [{"name": "cudaEventSynchronize", "us_per_step": 2000.0, "calls_per_step": 1.0},
+                       {"name": "aten::add", "us_per_step": 10.0, "calls_per_step": 1.0}]
+
+
+def test_outside_forward_ops_count_only_outermost_calls(tmp_path):
+    from benchmarks.dynspec_bench.profile import analyze_trace
+
+    evs = [
+        {"ph": "X", "cat": "user_annotation", "name": "step[DECODE bs=1]", "tid": 1, "ts": 0.0, "dur": 100.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 1, "ts": 10.0, "dur": 50.0},  # in the forward
+        {"ph": "X", "cat": "cpu_op", "name": "aten::to", "tid": 1, "ts": 200.0, "dur": 40.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "tid": 1, "ts": 205.0, "dur": 30.0},  # inside aten::to
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "tid": 1, "ts": 210.0, "dur": 20.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::to", "tid": 1, "ts": 300.0, "dur": 60.0},
+    ]
+    path = tmp_path / "t.trace.json"
+    path.write_text(json.dumps({"traceEvents": evs}))
+    outside = analyze_trace(path, steps=2)["scheduler_thread"]["outside_forward_top_ops"]
+    assert outside == [{"name": "aten::to", "us_per_step": 50.0, "calls_per_step": 1.0}]
 
 
 def test_python_functions_reported_when_the_trace_has_stacks(tmp_path):

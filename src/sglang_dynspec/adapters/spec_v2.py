@@ -15,7 +15,8 @@ Two input shapes exist (see ``compat.v2_input_kind``):
   stream; the next draft input carries ``new_seq_lens`` + ``verify_done``.
 * ``"schedule_batch"`` (>= 0.5.13): ``forward_batch_generation(batch, on_publish=None, ...)``
   inside ``Scheduler._forward_isolation``; ``new_seq_lens`` travels on the result and
-  ``on_publish(new_seq_lens)`` must be called before the draft-extend.
+  ``on_publish(new_seq_lens)`` must be called before the draft-extend (an off-step calls it, like
+  ``verify_done`` on the older shape, before its target decode: the lengths are known up front).
 
 Graphs: a TARGET_VERIFY graph runner must never replay a DECODE batch (the graph guard in
 ``runtime``).  ``prepare`` captures a separate set of DECODE graphs for the target on a fresh
@@ -195,13 +196,12 @@ def _offstep_graphs_active(worker):
     return offstep_graphs.active(worker.target_worker.model_runner, _state(worker).get("graphs"))
 
 
-def _target_decode(worker, batch, kind: str, bonus, window, ndt: int):
-    """One plain DECODE token per request on the target; returns (GenerationBatchResult, new_seq_lens)."""
+def _target_decode(worker, batch, kind: str, bonus, window, ndt: int, new_seq_lens):
+    """One plain DECODE token per request on the target; returns (GenerationBatchResult, copied batch)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     torch = _torch()
     bs = int(batch.seq_lens.shape[0])
-    new_seq_lens = batch.seq_lens + 1
     overrides = {
         "forward_mode": ForwardMode.DECODE,
         "input_ids": bonus.to(torch.int64),
@@ -228,7 +228,7 @@ def _target_decode(worker, batch, kind: str, bonus, window, ndt: int):
         tb = dataclasses.replace(batch, **overrides)
         with _offstep_graphs_active(worker):
             out = tw.forward_batch_generation(tb, **call_kwargs)
-        return out, new_seq_lens, tb
+        return out, tb
     # ScheduleBatch: set, run, restore (the draft-extend below needs the old values; the
     # scheduler's _forward_isolation would restore them after return anyway).
     saved = {k: getattr(batch, k) for k in overrides}
@@ -240,7 +240,7 @@ def _target_decode(worker, batch, kind: str, bonus, window, ndt: int):
     finally:
         for k, v in saved.items():
             setattr(batch, k, v)
-    return out, new_seq_lens, None
+    return out, None
 
 
 def _record_stream(stream, *tensors) -> None:
@@ -292,9 +292,23 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
     span_w = 1 if light else ndt
     window = _window_locs(worker, batch, span_w)
 
+    # 0. Publish the next step's seq_lens before the target runs.  A verify's lengths depend on its
+    #    outcome, so SGLang publishes them after it; an off-step's are seq_lens + 1, known now.  The
+    #    scheduler blocks on this publication (0.5.11-0.5.12: verify_done, waited for in
+    #    prepare_for_decode / filter_batch; >= 0.5.13: on_publish, which gates its seq_lens copy) and
+    #    then prepares the next batch while the GPU still runs this one, as for plain decode.  All
+    #    GPU work stays ordered on the forward stream, so nothing the next batch runs can overtake it.
+    new_seq_lens = batch.seq_lens + 1
+    verify_done = None
+    if "new_seq_lens" not in res_fields:
+        verify_done = device_mod.Event()
+        verify_done.record()
+    elif on_publish is not None:
+        on_publish(new_seq_lens)
+
     # 1. Target: plain one-token decode (eager unless off-step graphs were captured).
     with span("dynspec.offstep.target"):
-        out, new_seq_lens, target_batch = _target_decode(worker, batch, kind, bonus, window, span_w)
+        out, target_batch = _target_decode(worker, batch, kind, bonus, window, span_w, new_seq_lens)
     logits_output = out.logits_output
     new_tokens = out.next_token_ids.to(torch.int32)
     target_hidden = logits_output.hidden_states
@@ -318,9 +332,7 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
         nd_kwargs.update(st["placeholders"].get(bs, st["topk"], st["draft_hidden"], st["draft_dtype"],
                                                 new_tokens.device))
     if "new_seq_lens" not in res_fields:
-        # <= 0.5.12: new_seq_lens + verify_done travel on the next draft input.
-        verify_done = device_mod.Event()
-        verify_done.record()
+        # <= 0.5.12: new_seq_lens + verify_done (recorded above) travel on the next draft input.
         nd_kwargs["new_seq_lens"] = new_seq_lens
         if "verify_done" in di_fields:
             nd_kwargs["verify_done"] = verify_done
@@ -344,9 +356,6 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
             extra_keep_alive_refs=keep_alive,
         )
     )
-
-    if on_publish is not None:
-        on_publish(new_seq_lens)
 
     dw = worker.draft_worker
     if light:
