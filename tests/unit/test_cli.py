@@ -81,3 +81,32 @@ def test_readme_support_matrix_is_current():
     p = subprocess.run([sys.executable, str(root / "benchmarks" / "support_matrix.py"), "--check"],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def test_cpu_matrix_records_each_envs_torch(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(name, root / "benchmarks" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    collect, matrix = load("collect_cpu_matrix"), load("support_matrix")
+    xml = tmp_path / "junit-sglang-0.5.9.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest"><properties>'
+        '<property name="sglang" value="0.5.9"/><property name="torch" value="2.14.1"/>'
+        '<property name="torch_pin" value="2.9.1"/></properties>'
+        '<testcase classname="tests.sglang.test_adapter_v1" name="a"/>'
+        '<testcase classname="tests.sglang.test_adapter_v1" name="b"><skipped/></testcase>'
+        '</testsuite></testsuites>')
+    env = collect.summarise(xml)
+    assert (env["sglang"], env["torch"], env["torch_pin"]) == ("0.5.9", "2.14.1", "2.9.1")
+    assert env["adapters"]["v1"] == {"passed": 1, "failed": 0, "skipped": 1}
+    assert matrix._torch_note(env) == "; torch 2.14.1, not its pin 2.9.1"
+    assert matrix._torch_note({**env, "torch": "2.9.1"}) == ""
+    assert matrix._torch_note({"passed": 3}) == ""  # files collected before versions were recorded
