@@ -416,3 +416,16 @@ def _draft_extend_hidden_width(worker):
     if buf is None or getattr(buf, "ndim", 0) != 2:
         return None
     return int(buf.shape[1])
+
+
+def prefill_rows(batch) -> int:
+    """Requests a non-decode batch prefills (0 for anything else): what the cost model charges
+    prefill time per.  Shapes only, no GPU sync; a chunked prompt counts once per chunk."""
+    fm = getattr(batch, "forward_mode", None)
+    if fm is None or fm.is_decode() or fm.is_idle():
+        return 0
+    seq_lens = getattr(batch, "seq_lens", None)
+    shape = getattr(seq_lens, "shape", None)
+    if shape:
+        return int(shape[0])
+    return len(getattr(batch, "reqs", None) or ())

@@ -4,14 +4,14 @@ No SGLang imports here.  The adapters call :meth:`Controller.on_decode` once per
 batch (before the forward), :meth:`Controller.on_other` for extend/idle batches and
 :meth:`Controller.on_result` once the scheduler has the accepted-draft count.
 
-Step costs are wall-clock intervals between decode forwards, *including* the prefill batches
-that run in between: in a mode's cost goes the time the server spends per decode step while in
-that mode, prefills included.  Speculation changes how prefills batch (requests of one batch
-finish at different steps, so their replacements arrive one or two at a time instead of
-together), and a cost that left them out favoured speculation by up to 2x on a trained pair
-(benchmarks/results/pair-sweep.json).  The prefill part is averaged over many more steps than
-the decode part (``CostTable``), since it comes in bursts.  Idle time is not a cost: a decode
-interval far longer than the estimate (a gap before new requests arrived) is dropped.
+Step costs are wall-clock intervals between decode forwards, split in two: the decode part
+(up to the first prefill batch) goes to the decode-step table, the prefill batches after it go
+to the prefill meter as seconds per admitted request, charged to the mode of the decode step
+before them.  Speculation changes how prefills batch (requests of one batch finish at different
+steps, so their replacements arrive one or two at a time instead of together), and a cost that
+left prefills out favoured speculation by up to 2x on a trained pair (costs.py says more).
+Idle time is not a cost: a decode part far longer than the estimate (a gap before new requests
+arrived) is dropped, and the prefill after it is charged to no mode.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .costs import CostTable, CostView
+from .costs import CostTable, CostView, PrefillMeter
 from .policies.base import StepInputs
 
 logger = logging.getLogger("sglang_dynspec")
@@ -40,10 +40,17 @@ class StepRecord:
     switched: bool
     safe_mode: bool
     accept_length: float
+    # the policy's own figures for this step, if it offers them (Policy.explain): e.g.
+    # {"on_tok_s": .., "off_tok_s": .., "why": ..}
+    estimates: dict | None = None
 
 
 # A single decide() this many times over its deadline is a hang, not a hiccup.
 HANG_FACTOR = 25.0
+# Requests admitted since the last decode step that mark a new load: at least this many, and at
+# least this share of the decode batch (a burst of arrivals, e.g. a client's whole batch).
+NEW_LOAD_MIN_ROWS = 4
+NEW_LOAD_SHARE = 0.5
 
 
 class Controller:
@@ -79,6 +86,7 @@ class Controller:
         self.accept_alpha = accept_alpha
 
         self.costs = CostTable()
+        self.prefill = PrefillMeter()
         self.view: CostView | None = None
         self.failed: str | None = None  # reason the policy was replaced by the safe mode
         self._pending_failure: str | None = None  # slow decide(): applied at the next agreement
@@ -93,6 +101,9 @@ class Controller:
         self._t_other: float | None = None  # start of the first non-decode batch since _t_prev
         self._mode_prev = True
         self._bs_prev = 0
+        self._rows_admitted = 0  # requests prefilled since the previous decode step (rank-identical)
+        self._explain = getattr(policy, "explain", None)
+        self.estimates: dict | None = None  # the policy's figures at the last decision
 
         self.stats = {
             "decode_steps": 0,
@@ -114,16 +125,29 @@ class Controller:
         ``force_off``: a request in the batch opted out of speculation; the policy is not asked.
         """
         now = self.clock()
+        rows = self._rows_admitted
+        # A burst of new requests (rank-identical: the scheduler's batches are): the batching that
+        # plain decode preserves starts afresh, so both modes' prefill stretches restart.
+        new_load = rows >= NEW_LOAD_MIN_ROWS and rows >= NEW_LOAD_SHARE * decode_bs
+        if new_load:
+            self.prefill.new_stretch(None)
+        charged_to: bool | None = None
         if self._t_prev is not None:
             # The decode part (up to the first extend, if any) must look like a step: a gap
             # before new requests arrived or a stall is not a cost.  Prefill time after it is.
             cut = self._t_other if self._t_other is not None else now
             dt = cut - self._t_prev
             extend = now - cut
-            est = self.costs.decode_local(self._mode_prev, self._bs_prev)
+            est = self.costs.estimate_local(self._mode_prev, self._bs_prev)
             if dt < 1.0 and (est is None or dt < 5.0 * est) and extend < 1.0:
-                self.costs.observe(self._mode_prev, self._bs_prev, dt, extend)
+                self.costs.observe(self._mode_prev, self._bs_prev, dt)
+                charged_to = self._mode_prev
+            if rows:
+                self.prefill.observe(charged_to, extend, rows)
+        elif rows:
+            self.prefill.observe(None, 0.0, rows)
         self._t_other = None
+        self._rows_admitted = 0
         if self.step % self.sync_interval == 0 and self.step > 0:
             self._refresh_view()
 
@@ -131,12 +155,13 @@ class Controller:
             decision = False
             self.stats["steps_forced_off"] += 1
         else:
-            decision = self._ask(decode_bs, running, waiting)
+            decision = self._ask(decode_bs, running, waiting, new_load)
 
         switched = self.prev is not None and decision != self.prev
         if switched:
             self.stats["switches"] += 1
             self.steps_in_mode = 1
+            self.prefill.new_stretch(decision)
         else:
             self.steps_in_mode += 1
         self.prev = decision
@@ -144,27 +169,36 @@ class Controller:
         st = self.stats
         st["decode_steps"] += 1
         st["steps_on" if decision else "steps_off"] += 1
+        if not decision:
+            self.prefill.add_tokens(decode_bs)  # speculative steps count theirs in on_result
 
         hook = self.hook
         if hook is not None:
             rec = StepRecord(self.step - 1, decode_bs, running, waiting, decision, switched,
-                             self.failed is not None, self.accept_length)
+                             self.failed is not None, self.accept_length, self.estimates)
             hook.dynspec_decision(record=rec)
             if switched:
                 hook.dynspec_switch(record=rec)
         self._t_prev, self._mode_prev, self._bs_prev = now, decision, decode_bs
         return decision
 
+    @property
+    def last_decode_bs(self) -> int:
+        return self._bs_prev
+
     def note_resume(self) -> None:
         """The step just decided "on" ran as a resume step (an off-step with full draft sync)
         instead: its interval is an off-step cost."""
         self.stats["steps_resume"] += 1
         self._mode_prev = False
+        self.prefill.add_tokens(self._bs_prev)
 
-    def on_other(self) -> None:
-        """An extend / mixed / declined batch starts: its time joins the previous decode step's."""
+    def on_other(self, new_rows: int = 0) -> None:
+        """An extend / mixed / declined batch starts: its time is a prefill charged to the mode of
+        the previous decode step; ``new_rows``: requests it admits (0 for a declined decode)."""
         if self._t_other is None:
             self._t_other = self.clock()
+        self._rows_admitted += new_rows
 
     def on_idle(self) -> None:
         """The server was idle (or this is a new run): no interval spans this point."""
@@ -177,6 +211,7 @@ class Controller:
             return
         self.stats["accepted_drafts"] += accepted_drafts
         self.stats["spec_rows"] += decode_bs
+        self.prefill.add_tokens(decode_bs + accepted_drafts)
         sample = 1.0 + accepted_drafts / decode_bs
         n = self.accept_samples + 1
         w = max(1.0 / n, self.accept_alpha)
@@ -184,11 +219,12 @@ class Controller:
         self.accept_samples = n
 
     # --- internals ------------------------------------------------------------------
-    def _ask(self, decode_bs: int, running: int, waiting: int) -> bool:
+    def _ask(self, decode_bs: int, running: int, waiting: int, new_load: bool = False) -> bool:
         if self.failed is not None:
+            self.estimates = None
             return self.safe_value
         x = StepInputs(self.step, decode_bs, running, waiting, self.accept_length,
-                       self.accept_samples, self.prev, self.steps_in_mode, self.view)
+                       self.accept_samples, self.prev, self.steps_in_mode, self.view, new_load)
         t0 = self.clock()
         try:
             d = self.policy.decide(x)
@@ -203,6 +239,11 @@ class Controller:
                 self._fail(f"decide() returned {d!r} ({type(d).__name__}), not a bool")
                 return self.safe_value
         took = self.clock() - t0
+        if self._explain is not None:
+            try:
+                self.estimates = self._explain()
+            except Exception:  # figures for people only: never worth a failure
+                self._explain = self.estimates = None
         if took <= self.deadline_s:
             self._late_in_row = 0
             return d
@@ -238,13 +279,13 @@ class Controller:
         version = self.stats["agreements"]
         self.stats["agreements"] += 1
         if self.tp_size == 1 or self.agree is None:
-            self.view = CostView.from_table(self.costs, version)
+            self.view = CostView.from_table(self.costs, self.prefill, version)
             return
-        vec = self.costs.to_vector()
+        vec = self.costs.to_vector() + self.prefill.to_vector()
         vec.append(1.0 if self._pending_failure else 0.0)
         vec = self.agree(vec)
         failed_somewhere = vec.pop() > 0
-        self.view = CostView(vec, version=version)
+        self.view = CostView(vec, version=version, ranks=self.tp_size)
         if failed_somewhere:
             self._fail(self._pending_failure or "a policy deadline was missed on another rank")
 
@@ -259,6 +300,7 @@ class Controller:
             failure=self.failed,
             accept_length=None if self.accept_samples == 0 else round(self.accept_length, 4),
             accept_samples=self.accept_samples,
+            estimates=self.estimates,
         )
         return s
 

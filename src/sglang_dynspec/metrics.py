@@ -6,6 +6,7 @@ so the per-step cost stays a clock read and a comparison.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -67,6 +68,12 @@ class PrometheusExporter:
             "sglang_dynspec_step_cost_seconds", "Agreed step cost estimate at the current batch size",
             names + ["mode"], multiprocess_mode="mostrecent",
         )
+        # What the policy believes right now (policies that explain themselves, e.g. goodput).
+        self.estimate = Gauge(
+            "sglang_dynspec_estimated_output_tokens_per_second",
+            "The policy's estimate of each mode's output tok/s at the current batch size, prefills included",
+            names + ["mode"], multiprocess_mode="mostrecent",
+        )
         self._last: dict[str, float] = {}
 
     def _inc(self, counter, key: str, value: float, **extra) -> None:
@@ -89,10 +96,14 @@ class PrometheusExporter:
         self.mode.labels(**self.labels).set(1 if snap["mode"] == "on" else 0)
         if snap.get("accept_length") is not None:
             self.accept.labels(**self.labels).set(snap["accept_length"])
+        est = snap.get("estimates") or {}
         for mode in ("on", "off"):
             c = snap.get(f"cost_{mode}_s")
             if c is not None:
                 self.cost.labels(**self.labels, mode=mode).set(c)
+            e = est.get(f"{mode}_tok_s")
+            if e is not None:
+                self.estimate.labels(**self.labels, mode=mode).set(e)
 
 
 class TraceObserver:
@@ -107,15 +118,22 @@ class TraceObserver:
         self._f = None
         self._written = 0
         self._full = False
+        self._flushed_at = 0.0
 
     @hookimpl
     def dynspec_decision(self, record):
         if self._full:
             return
+        now = time.perf_counter()
+        est = record.estimates
+        extra = ""
+        if est:
+            # the policy's figures: estimated tok/s per mode and why it decided so
+            extra = "".join(f',"{k}":{json.dumps(v)}' for k, v in est.items())
         line = (
             f'{{"step":{record.step},"bs":{record.decode_bs},"running":{record.running},'
             f'"waiting":{record.waiting},"on":{"true" if record.speculate else "false"},'
-            f'"acc":{record.accept_length:.4f},"t":{time.perf_counter():.6f}}}\n'
+            f'"acc":{record.accept_length:.4f},"t":{now:.6f}{extra}}}\n'
         )
         self._written += len(line)
         if self._written > self.max_bytes:
@@ -127,8 +145,14 @@ class TraceObserver:
         if self._f is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._f = open(self.path, "w", buffering=1 << 16)
+            atexit.register(self.close)
         self._f.write(line)
+        if now - self._flushed_at > 1.0:
+            # A server is usually killed, not shut down: unflushed lines would be lost
+            # (the first traced pair run lost its last level that way).
+            self._f.flush()
+            self._flushed_at = now
 
     def close(self) -> None:
-        if self._f is not None:
+        if self._f is not None and not self._f.closed:
             self._f.close()

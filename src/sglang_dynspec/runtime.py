@@ -55,10 +55,14 @@ class WorkerState:
         # lifetime mean over speculative steps only (off-steps excluded), for resume checks
         s["accept_length_on_steps"] = 1.0 + c["accepted_drafts"] / c["spec_rows"] if c["spec_rows"] else None
         v = self.controller.view
-        bs = self.controller._bs_prev
+        bs = self.controller.last_decode_bs
         if v is not None and bs:
-            s["cost_on_s"] = v.estimate(True, bs)
+            s["decode_bs"] = bs
+            s["cost_on_s"] = v.estimate(True, bs)  # decode step alone
             s["cost_off_s"] = v.estimate(False, bs)
+            s["prefill_per_request_on_s"] = v.prefill_history(True)
+            s["prefill_per_request_off_s"] = v.prefill_stretch(False) or v.prefill_history(False)
+            s["requests_per_token"] = v.requests_per_token()
         return s
 
 
@@ -184,7 +188,7 @@ def _forward(original, worker, batch, *args, **kwargs):
     sched = st.scheduler
     rb = getattr(sched, "running_batch", None)
     if bs is None:
-        ctl.on_other()
+        ctl.on_other(compat.prefill_rows(batch))
         fm = getattr(batch, "forward_mode", None)
         if st.optout_rids and fm is not None and fm.is_decode() and _has_optout(st, batch, rb):
             # a decode batch the adapter declines (e.g. logprobs on spec_v2) speculates anyway

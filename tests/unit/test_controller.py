@@ -46,33 +46,61 @@ def test_step_costs_measured_from_intervals_and_agreed():
     assert c.view.estimate(False, 8) is None
 
 
-def test_prefill_time_joins_the_previous_steps_cost_idle_time_does_not():
+def test_prefill_time_is_charged_per_request_to_the_previous_mode_idle_time_is_not():
     clock = Clock()
     c = Controller(build_policy("always", {}), clock=clock, sync_interval=1)
-    for _ in range(5):  # steps of 10 ms
-        c.on_decode(4)
+    for _ in range(5):  # speculative steps of 10 ms, 3 tokens each (2 drafts accepted of 1 row)
+        c.on_decode(1)
+        c.on_result(1, 2)
         clock.t += 0.010
-    assert c.costs.estimate_local(True, 4) == pytest.approx(0.010)
-    c.on_decode(4)
+    assert c.costs.estimate_local(True, 1) == pytest.approx(0.010)
+    c.on_decode(1)
+    c.on_result(1, 2)
     clock.t += 0.010
-    c.on_other()  # a prefill of 30 ms between two decode steps
+    c.on_other(2)  # a prefill of two requests, 20 ms, between two decode steps
     clock.t += 0.020
-    c.on_other()  # a second chunk: still the same interval
+    c.on_other(1)  # a second one: still the same interval
     clock.t += 0.010
-    c.on_decode(4)
-    n = c.costs.count[1][4]
-    assert n == 6 and c.costs.estimate_local(True, 4) == pytest.approx(0.010 + 0.030 / 6)
-    # An idle gap before new requests arrive (decode part 50x the estimate): dropped.
+    c.on_decode(1)
+    # the decode step keeps its 10 ms; the 30 ms are 10 ms per admitted request, after an `on` step
+    assert c.costs.count[1][1] == 6 and c.costs.estimate_local(True, 1) == pytest.approx(0.010)
+    assert c.prefill.hist_s[1] / c.prefill.hist_n[1] == pytest.approx(0.010)
+    assert c.prefill.hist_n[0] == 0
+    # 3 requests admitted after 6 steps x 3 tokens
+    assert c.prefill.rate_req / c.prefill.rate_tok == pytest.approx(3 / 18)
+    # An idle gap before new requests arrive (decode part 50x the estimate): neither part is a cost.
+    c.on_result(1, 2)
     clock.t += 0.5
-    c.on_other()
-    clock.t += 0.010
-    c.on_decode(4)
-    assert c.costs.count[1][4] == 6
+    c.on_other(4)
+    clock.t += 0.040
+    c.on_decode(1)
+    assert c.costs.count[1][1] == 6
+    assert c.prefill.hist_s[1] / c.prefill.hist_n[1] == pytest.approx(0.010)
     # A new run after idling: no interval spans it.
     c.on_idle()
     clock.t += 0.003
-    c.on_decode(4)
-    assert c.costs.count[1][4] == 6
+    c.on_decode(1)
+    assert c.costs.count[1][1] == 6
+
+
+def test_off_steps_count_their_tokens_and_a_burst_restarts_the_plain_stretch():
+    clock = Clock()
+    c = Controller(build_policy("never", {}), clock=clock, sync_interval=1)
+    for _ in range(10):
+        c.on_decode(8)
+        clock.t += 0.004
+    c.on_other(2)  # two requests: no new load (2 < 4)
+    clock.t += 0.020
+    c.on_decode(8)
+    assert c.prefill.stretch_n[0] == 2 and c.prefill.rate_tok == 80
+    clock.t += 0.004
+    c.on_other(8)  # the whole batch anew: a burst, the plain stretch restarts with it
+    clock.t += 0.040
+    c.on_decode(8)
+    assert c.prefill.stretch_n[0] == 8 and c.prefill.stretch_s[0] == pytest.approx(0.040)
+    assert c.prefill.hist_n[0] == pytest.approx(2 * (1 - 1 / 64) ** 8 + 8)
+    c.on_decode(8)
+    assert c.view.prefill_stretch(False) == pytest.approx(0.005)
 
 
 def test_acceptance_estimate():
@@ -185,20 +213,23 @@ def test_observers_through_pluggy():
     assert seen == {"decisions": 4, "switches": 2}
 
 
-def test_a_prefill_burst_does_not_swing_the_estimate():
-    """Lockstep batches: every 128 steps of 5 ms all requests finish and one 150 ms prefill runs.
-    The estimate must stay near the true mean cost per step (5 + 150/128 ms) right after a burst,
-    or a policy would flip mode for the steps that follow it."""
+def test_lockstep_prefill_bursts_give_a_steady_cost_per_token():
+    """Lockstep batches: every 128 steps of 5 ms all 32 requests finish and one 150 ms prefill
+    runs.  Per request the prefill costs the same every time, so the cost per output token
+    (decode + prefill share) must sit at 5/32 + 150/(32*128) ms right after a burst and between
+    bursts, or a policy would flip mode for the steps that follow it."""
     clock = Clock()
     c = Controller(build_policy("never", {}), clock=clock, sync_interval=1)
-    mean = 0.005 + 0.150 / 128
+    truth = 0.005 / 32 + 0.150 / (32 * 128)
     worst = 0.0
     for step in range(128 * 20):
         c.on_decode(32)
         clock.t += 0.005
         if step % 128 == 127:
-            c.on_other()
+            c.on_other(32)
             clock.t += 0.150
-        if step > 128 * 5:
-            worst = max(worst, abs(c.costs.estimate_local(False, 32) / mean - 1.0))
-    assert worst < 0.2
+        if step > 128 * 2:
+            v = c.view
+            per_token = v.estimate(False, 32) / 32 + v.prefill_stretch(False) * v.requests_per_token()
+            worst = max(worst, abs(per_token / truth - 1.0))
+    assert worst < 0.02

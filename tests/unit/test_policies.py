@@ -2,13 +2,13 @@
 
 import pytest
 
-from sglang_dynspec.costs import CostTable, CostView
+from sglang_dynspec.costs import CostTable, CostView, PrefillMeter
 from sglang_dynspec.errors import ConfigError
 from sglang_dynspec.policies import StepInputs, build_policy
 
 
-def inputs(step=0, bs=1, prev=None, dwell=0, acc=0.0, samples=0, costs=None):
-    return StepInputs(step, bs, bs, 0, acc, samples, prev, dwell, costs)
+def inputs(step=0, bs=1, prev=None, dwell=0, acc=0.0, samples=0, costs=None, new_load=False):
+    return StepInputs(step, bs, bs, 0, acc, samples, prev, dwell, costs, new_load)
 
 
 def run(policy, sizes, **kw):
@@ -95,8 +95,61 @@ def test_goodput_hysteresis_and_reprobe():
     assert p.decide(inputs(bs=4, prev=False, dwell=10, acc=2.05, samples=50, costs=v)) is False
     # clearly better: switch
     assert p.decide(inputs(bs=4, prev=False, dwell=10, acc=2.3, samples=50, costs=v)) is True
-    # long off: probe speculation again
-    assert p.decide(inputs(bs=4, prev=False, dwell=100, acc=1.0, samples=50, costs=v)) is True
+    # long off: probe speculation again, if more acceptance could make it win
+    assert p.decide(inputs(bs=4, prev=False, dwell=100, acc=1.8, samples=50, costs=v)) is True
+    assert p.decide(inputs(bs=4, prev=False, dwell=100, acc=1.0, samples=50, costs=v)) is False
+
+
+def prefill_view(on_ms, off_ms, p_on_ms, p_off_ms, tokens_per_request=128, stretch_off_ms=None, stretch_n=8,
+                 sizes=(1, 2, 4, 8, 16, 32, 64, 128)):
+    t = CostTable()
+    for bs in sizes:
+        for _ in range(5):
+            t.observe(True, bs, on_ms(bs) / 1e3)
+            t.observe(False, bs, off_ms(bs) / 1e3)
+    m = PrefillMeter()
+    m.add_tokens(tokens_per_request * 20)
+    m.observe(True, p_on_ms * 10 / 1e3, 10)
+    m.observe(False, p_off_ms * 10 / 1e3, 10)
+    m.new_stretch(False)
+    if stretch_off_ms is not None:
+        m.observe(False, stretch_off_ms * stretch_n / 1e3, stretch_n)
+    return CostView.from_table(t, m)
+
+
+def test_goodput_counts_prefills_per_output_token():
+    # Decode alone: at bs 10 speculation makes 23 tokens in 6.7 ms, plain 10 in 3.55 ms (on wins 1.2x).
+    # With 22 ms of prefill per request after speculative steps but 4.7 ms after plain ones (they
+    # batch), plain wins: 0.355 + 4.7/128 vs 0.29 + 22/128 ms per token.
+    dec_on, dec_off = (lambda b: 6.2 + 0.05 * b), (lambda b: 3.5 + 0.005 * b)
+    p = build_policy("goodput", {"min_dwell": 0})
+    x = dict(bs=10, prev=True, dwell=50, acc=2.3, samples=100)
+    assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, 0.0, 0.0))) is True
+    assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, 22.0, 4.7))) is False
+    e = p.explain()
+    assert e["why"] == "model" and e["off_tok_s"] > e["on_tok_s"] > 0
+    # the same prefill cost in both modes changes nothing: decode decides
+    assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, 22.0, 22.0))) is True
+    # plain decode's current stretch outranks its history
+    assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, 22.0, 22.0, stretch_off_ms=4.7))) is False
+
+
+def test_goodput_plain_trial_after_a_burst_until_its_successors_are_seen():
+    dec_on, dec_off = (lambda b: 6.2 + 0.05 * b), (lambda b: 3.5 + 0.005 * b)
+    p = build_policy("goodput", {"min_dwell": 0, "trial_lifetimes": 1.0})
+    same = prefill_view(dec_on, dec_off, 22.0, 22.0)  # stretch empty: nothing known of plain's batching
+    x = dict(bs=10, acc=2.3, samples=100, costs=same)
+    # speculating; a burst arrives; plain decode could win only if its prefills batch: a trial
+    assert p.decide(inputs(**x, prev=True, dwell=50, new_load=True)) is False
+    assert p.explain()["why"] == "trial"
+    for _ in range(200):  # ~1 lifetime (128 tokens) and then until 4 successors were prefilled
+        assert p.decide(inputs(**x, prev=False, dwell=10)) is False
+    seen = prefill_view(dec_on, dec_off, 22.0, 22.0, stretch_off_ms=22.0)  # they did not batch
+    assert p.decide(inputs(bs=10, acc=2.3, samples=100, costs=seen, prev=False, dwell=10)) is False  # last trial step
+    assert p.decide(inputs(bs=10, acc=2.3, samples=100, costs=seen, prev=False, dwell=10)) is True
+    assert p.explain()["why"] == "model"
+    # where plain decode loses even with free prefills (bs 1), a burst starts no trial
+    assert p.decide(inputs(bs=1, acc=2.3, samples=100, costs=same, prev=True, dwell=50, new_load=True)) is True
 
 
 def test_goodput_dwell_holds_mode():

@@ -27,6 +27,7 @@ class StepInputs:
     previous: bool | None  # the decision of the previous decode step (None on the first)
     steps_in_mode: int  # consecutive decode steps in the previous decision's mode
     costs: Any = None  # sglang_dynspec.costs.CostView or None
+    new_load: bool = False  # a burst of new requests was admitted since the previous decode step
 
 
 @runtime_checkable
@@ -35,6 +36,9 @@ class Policy(Protocol):
 
     def decide(self, inputs: StepInputs) -> bool:
         """True: run this decode step speculatively; False: plain decode + draft sync."""
+
+    # Optional: ``explain() -> dict`` with the figures behind the last decision (JSON-safe
+    # values); the controller shows them in the stats file, the metrics and the trace.
 
 
 class PolicyArgs(BaseModel):

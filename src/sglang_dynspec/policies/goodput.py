@@ -1,27 +1,42 @@
-"""Pick the mode with more expected output tokens per second.
+"""Pick the mode that delivers more output tokens per wall-second, prefills included.
 
-Per request and step, speculation yields ``accept_length`` tokens in ``t_on(bs)`` seconds;
-a plain step yields 1 token in ``t_off(bs)``.  Costs come from the rank-agreed CostView,
-the acceptance from the scheduler's own (rank-identical) accepted-draft counts.  Unknown
-costs are learnt by running the unknown mode; a long stretch off is interrupted by a short
-probe so that the acceptance estimate does not go stale.
+Seconds per output token of each mode at this decode batch size ``bs``::
+
+    on:  decode_on(bs)  / (bs * accept_length) + prefill_on  * requests_per_token
+    off: decode_off(bs) / bs                   + prefill_off * requests_per_token
+
+``decode_*`` are the agreed decode-step times, ``prefill_*`` the seconds a prefill costs per
+admitted request after steps of that mode, ``requests_per_token`` the workload's (costs.py).
+Plain decode keeps requests that started together finishing together, so its prefills batch
+well only if it has been running since they started: its prefill figure is the one of its
+current stretch once that has seen a few requests.  Speculation scatters finishing times, so
+its figure is its history.
+
+Exploration is bounded: speculation first until acceptance is known, then one short stretch of
+plain decode; a *plain trial* of about one request lifetime when a burst of new requests
+arrives and plain decode could win if it batches their successors well (the only way to learn
+that); and after ``reprobe_every`` plain steps a short speculative probe, only if speculation
+could win with 1.5x today's acceptance.  Hysteresis (``margin``) and ``min_dwell`` stop flapping.
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 
+from ..costs import STRETCH_MIN_REQUESTS
 from .base import PolicyArgs, StepInputs, parse_args
+
+REPROBE_ACCEPT_FACTOR = 1.5  # a probe is worth it only if this much more acceptance would win
 
 
 class GoodputArgs(PolicyArgs):
-    margin: float = Field(0.04, ge=0.0, lt=1.0, description="relative gain needed to switch mode")
-    min_dwell: int = Field(8, ge=0, description="decode steps to stay in a mode before switching")
+    margin: float = Field(0.05, ge=0.0, lt=1.0, description="relative gain needed to switch mode")
+    min_dwell: int = Field(16, ge=0, description="decode steps to stay in a mode before switching")
     min_accept_samples: int = Field(8, ge=1, description="speculative steps before acceptance is trusted")
-    reprobe_every: int = Field(2000, ge=1, description="off-steps after which speculation is retried")
-    prior_speedup: float | None = Field(
-        None, gt=0, description="assumed accept_length*t_off/t_on before anything is measured (None: measure)"
-    )
+    reprobe_every: int = Field(2000, ge=1, description="plain steps after which speculation may be probed again")
+    trial_lifetimes: float = Field(1.25, gt=0.0, le=10.0,
+                                   description="length of a plain trial after a burst, in request lifetimes")
+    trial_max_steps: int = Field(4096, ge=1, description="upper bound of a plain trial, in decode steps")
 
 
 class Goodput:
@@ -33,33 +48,88 @@ class Goodput:
         self.min_dwell = a.min_dwell
         self.min_accept = a.min_accept_samples
         self.reprobe = a.reprobe_every
-        self.prior = a.prior_speedup
+        self.trial_lifetimes = a.trial_lifetimes
+        self.trial_max = a.trial_max_steps
+        # Policy state depends only on rank-identical inputs, so every TP rank holds the same.
+        self.trial_left = 0
+        self.trial_steps = 0
+        self._why = "start"
+        self._c_on: float | None = None
+        self._c_off: float | None = None
+
+    # --- the model -------------------------------------------------------------------
+    def seconds_per_token(self, x: StepInputs, accept: float | None = None) -> tuple[float, float, float] | None:
+        """(on, off, off with free prefills) seconds per output token at this step; None if unknown."""
+        v = x.costs
+        if v is None:
+            return None
+        bs = max(x.decode_bs, 1)
+        d_on = v.estimate(True, bs)
+        d_off = v.estimate(False, bs)
+        if d_on is None or d_off is None:
+            return None
+        rho = v.requests_per_token()
+        hist_on, hist_off = v.prefill_history(True), v.prefill_history(False)
+        p_on = hist_on if hist_on is not None else (hist_off or 0.0)
+        p_off = v.prefill_stretch(False)
+        if p_off is None:
+            p_off = hist_off if hist_off is not None else p_on
+        acc = max(accept if accept is not None else x.accept_length, 1.0)
+        free = d_off / bs
+        return d_on / (bs * acc) + p_on * rho, free + p_off * rho, free
 
     def gain(self, x: StepInputs) -> float | None:
-        """Speculative over plain throughput at this step's batch size, or None if unknown."""
-        v = x.costs
-        if v is None or x.accept_samples < self.min_accept:
-            return None
-        t_on = v.estimate(True, x.decode_bs)
-        t_off = v.estimate(False, x.decode_bs)
-        if t_on is None or t_off is None:
-            return None
-        return x.accept_length * t_off / t_on
+        """Speculative over plain output tokens per second, or None if unknown."""
+        c = self.seconds_per_token(x)
+        return None if c is None else c[1] / c[0]
 
+    # --- the decision ----------------------------------------------------------------
     def decide(self, x: StepInputs) -> bool:
         prev = x.previous
-        if prev is not None and x.steps_in_mode < self.min_dwell:
-            return prev
         v = x.costs
         if v is None or x.accept_samples < self.min_accept or v.estimate(True, x.decode_bs) is None:
-            if self.prior is not None and v is None:
-                return self.prior >= 1.0
-            return True  # learn acceptance and the speculative cost first
-        if v.estimate(False, x.decode_bs) is None:
-            return False  # then the plain cost
-        g = self.gain(x)
+            return self._say(True, "learn on", None)
+        c = self.seconds_per_token(x)
+        if c is None:
+            return self._say(False, "learn off", None)
+        c_on, c_off, c_free = c
+        rho = v.requests_per_token()
+        if x.new_load and prev is not False and rho > 0 and c_free < c_on:
+            # Plain decode could win if it batches the successors of this burst: only a stretch
+            # of it from now on shows whether it does.
+            self.trial_left = min(self.trial_max, int(self.trial_lifetimes / rho) + 1)
+            self.trial_steps = 0
+        if self.trial_left > 0:
+            self.trial_left -= 1
+            self.trial_steps += 1
+            seen = v.stretch_requests(False) >= min(STRETCH_MIN_REQUESTS, x.decode_bs)
+            if self.trial_left == 0 and not seen and self.trial_steps < self.trial_max:
+                self.trial_left = 1  # its successors have not been prefilled yet (or not agreed)
+            return self._say(False, "trial", c)
+        if prev is not None and x.steps_in_mode < self.min_dwell:
+            return self._say(prev, "dwell", c)
+        g = c_off / c_on
         if prev is None or prev:
-            return g >= 1.0 - self.margin
+            return self._say(g >= 1.0 - self.margin, "model", c)
         if g > 1.0 + self.margin:
-            return True
-        return x.steps_in_mode >= self.reprobe  # short probe; dwell holds it min_dwell steps
+            return self._say(True, "model", c)
+        if x.steps_in_mode >= self.reprobe:
+            hopeful = self.seconds_per_token(x, x.accept_length * REPROBE_ACCEPT_FACTOR)
+            if hopeful is not None and hopeful[1] > hopeful[0]:
+                return self._say(True, "probe", c)  # acceptance may have changed; dwell holds it
+        return self._say(False, "model", c)
+
+    def _say(self, decision: bool, why: str, c) -> bool:
+        self._why = why
+        if c is not None:
+            self._c_on, self._c_off = c[0], c[1]
+        return decision
+
+    def explain(self) -> dict:
+        """Estimated output tokens per second of each mode at the last step (prefills included)."""
+        on, off = self._c_on, self._c_off
+        return {
+            "on_tok_s": round(1.0 / on, 1) if on else None,
+            "off_tok_s": round(1.0 / off, 1) if off else None,
+            "why": self._why,
+        }

@@ -1,0 +1,262 @@
+"""Replay a policy on decision traces recorded on a GPU, on the CPU.
+
+A *trace set* (made by ``python -m benchmarks.dynspec_bench.traceset``) holds, per load level C,
+every decode step of a server that always speculated (``on``) and of one that never did
+(``off``): batch size, wall time to the next decode step (prefills included) and the acceptance
+estimate.  Replaying a static mode walks its own trace and reproduces its measured throughput.
+Replaying a policy runs the real Controller on a simulated clock: each step is taken from the
+trace of the mode the policy chose, at the same share of the level's tokens, so a policy that
+switches jumps between the two traces.
+
+What it cannot show: how switching itself changes later steps.  A plain stretch entered after
+speculation is charged the `off` trace's prefills at that point, which kept the batching of a
+server that never speculated; so the projection is optimistic for policies that switch often.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from .decisions import Controller
+from .errors import ConfigError
+from .policies import build_policy
+
+BUILTIN_TRACE_SETS = {"h200-pair-0512": "traces-h200-pair-0512.json.gz"}
+DECODE_SHARE_CAP = 1.25  # a step longer than this x the level's median interval ran prefills
+
+
+@dataclass
+class Step:
+    bs: int
+    seconds: float  # decode part
+    prefill_s: float  # prefill batches after it
+    rows: int  # requests those prefills admitted
+    tokens: float
+
+
+@dataclass
+class LevelTrace:
+    concurrency: int
+    mode: str
+    requests: int
+    completion_tokens: int
+    measured_tok_s: float
+    ttft_s: float
+    steps: list[Step]
+
+    @property
+    def decode_tokens(self) -> float:
+        return sum(s.tokens for s in self.steps)
+
+
+@dataclass
+class TraceSet:
+    name: str
+    source: str
+    levels: dict[int, dict[str, LevelTrace]]
+    incomplete: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _level(c: int, mode: str, raw: dict) -> LevelTrace:
+    rows = raw["steps"]
+    med = median(r[1] for r in rows) / 1e3
+    tokens = raw["completion_tokens"] - raw["requests"]  # first tokens come from the prefills
+    weights = [r[0] * (r[3] if r[2] and r[3] >= 1.0 else 1.0) for r in rows]
+    scale = tokens / sum(weights) if sum(weights) else 1.0
+    extra = [max(r[1] / 1e3 - DECODE_SHARE_CAP * med, 0.0) for r in rows]
+    # The level's first C requests were admitted before its first step; the rest replace
+    # finished ones, spread over the steps in proportion to their prefill time.
+    admitted = max(raw["requests"] - c, 0)
+    total_extra = sum(extra)
+    steps, carry = [], 0.0
+    for r, w, e in zip(rows, weights, extra):
+        share = admitted * e / total_extra if total_extra else 0.0
+        carry += share
+        n = int(carry + 1e-9)
+        carry -= n
+        steps.append(Step(r[0], r[1] / 1e3 - e, e, n, w * scale))
+    ttft = (raw.get("ttft_p50_ms") or 0.0) / 1e3
+    return LevelTrace(c, mode, raw["requests"], raw["completion_tokens"], raw["measured_tok_s"], ttft, steps)
+
+
+def load_trace_set(spec: str) -> TraceSet:
+    """A built-in trace set name or a path (.json or .json.gz)."""
+    if spec in BUILTIN_TRACE_SETS:
+        data = resources.files("sglang_dynspec.data").joinpath(BUILTIN_TRACE_SETS[spec]).read_bytes()
+        origin = f"built-in {spec}"
+    else:
+        try:
+            data = Path(spec).read_bytes()
+        except OSError as e:
+            raise ConfigError(f"--traces ({spec!r}): not a built-in ({', '.join(BUILTIN_TRACE_SETS)}) "
+                              f"and not readable: {e}") from None
+        origin = spec
+    try:
+        raw = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+        levels: dict[int, dict[str, LevelTrace]] = {}
+        incomplete = []
+        for c, modes in raw["levels"].items():
+            for mode, lv in modes.items():
+                if not lv.get("complete", True):
+                    incomplete.append(f"C={c} {mode}")
+                    continue
+                levels.setdefault(int(c), {})[mode] = _level(int(c), mode, lv)
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise ConfigError(f"--traces ({origin}): not a trace set: {type(e).__name__}: {e}") from None
+    meta = {k: raw.get(k) for k in ("git_commit", "sglang_version", "gpu", "model", "command", "output_len")}
+    return TraceSet(raw.get("name", origin), origin, dict(sorted(levels.items())), incomplete, meta)
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclass
+class LevelResult:
+    concurrency: int
+    tok_s: float
+    steps_on: int = 0
+    steps_off: int = 0
+    switches: int = 0
+    why: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def share_on(self) -> float:
+        n = self.steps_on + self.steps_off
+        return self.steps_on / n if n else 0.0
+
+
+def replay_static(lv: LevelTrace) -> float:
+    """Output tok/s of a static mode from its own trace: the steps, plus the first prefill
+    (TTFT p50) before them."""
+    seconds = sum(s.seconds + s.prefill_s for s in lv.steps) + lv.ttft_s
+    return lv.completion_tokens / seconds
+
+
+def replay_policy(ts: TraceSet, policy: str, policy_args: dict | None = None) -> list[LevelResult]:
+    """Every level in order on one controller, as one server ran them (idle between levels)."""
+    clock = _Clock()
+    ctl = Controller(build_policy(policy, policy_args or {}), clock=clock)
+    out = []
+    for c, modes in ts.levels.items():
+        if "on" not in modes or "off" not in modes:
+            continue
+        out.append(_replay_level(ctl, clock, modes, c))
+    return out
+
+
+def _replay_level(ctl: Controller, clock: _Clock, modes: dict[str, LevelTrace], c: int) -> LevelResult:
+    traces = {True: modes["on"], False: modes["off"]}
+    totals = {m: lv.decode_tokens for m, lv in traces.items()}
+    cursor = {True: 0, False: 0}
+    done = {True: 0.0, False: 0.0}  # tokens walked in each trace
+    res = LevelResult(c, 0.0)
+    ctl.on_idle()
+    t0 = clock.t
+    first = None
+    progress = 0.0  # share of the level's decode tokens produced
+    mode = True if ctl.prev is None else ctl.prev
+    ctl.on_other(min(c, traces[mode].requests))  # the level's first admission, after an idle gap
+    clock.t += traces[mode].ttft_s
+    while progress < 1.0 - 1e-9:
+        lv = traces[mode]
+        i = _seek(lv, cursor, done, mode, progress * totals[mode])
+        if i is None:
+            break
+        on = ctl.on_decode(lv.steps[i].bs, lv.steps[i].bs, 0)
+        if first is None:
+            first = on
+        lv = traces[on]
+        i = _seek(lv, cursor, done, on, progress * totals[on])
+        if i is None:
+            break
+        s = lv.steps[i]
+        clock.t += s.seconds
+        if s.prefill_s > 0 or s.rows:
+            ctl.on_other(s.rows)
+            clock.t += s.prefill_s
+        if on:
+            acc_rows = s.tokens - s.bs
+            ctl.on_result(s.bs, int(round(acc_rows)))
+        progress += s.tokens / totals[on]
+        done[on] += s.tokens
+        cursor[on] = i + 1
+        res.steps_on += on
+        res.steps_off += not on
+        res.switches += on != mode
+        why = (ctl.estimates or {}).get("why", "-")
+        res.why[why] = res.why.get(why, 0) + 1
+        mode = on
+    lv0 = traces[first if first is not None else True]
+    res.tok_s = lv0.completion_tokens / (clock.t - t0)
+    return res
+
+
+def _seek(lv: LevelTrace, cursor: dict, done: dict, mode: bool, target: float) -> int | None:
+    """Index of the step of ``lv`` at which ``target`` of its decode tokens have been produced."""
+    i, walked = cursor[mode], done[mode]
+    while i < len(lv.steps) and walked + lv.steps[i].tokens <= target + 1e-9:
+        walked += lv.steps[i].tokens
+        i += 1
+    cursor[mode], done[mode] = i, walked
+    return i if i < len(lv.steps) else None
+
+
+def report(ts: TraceSet, policies: list[str], policy_args: dict | None = None) -> dict:
+    """Per level: measured and reproduced static throughput, and each policy's projection."""
+    rows: dict[int, dict] = {}
+    for c, modes in ts.levels.items():
+        row = rows[c] = {}
+        for m, lv in modes.items():
+            rep = replay_static(lv)
+            row[m] = {"measured": lv.measured_tok_s, "replayed": round(rep, 1),
+                      "error": round(rep / lv.measured_tok_s - 1.0, 4)}
+    for p in policies:
+        for r in replay_policy(ts, p, policy_args):
+            row = rows[r.concurrency]
+            # against the static modes as this same replay reproduces them
+            best = max(row[m]["replayed"] for m in ("on", "off"))
+            row[f"dynspec:{p}"] = {"projected": round(r.tok_s, 1), "ratio_to_best_static": round(r.tok_s / best, 3),
+                                   "share_on": round(r.share_on, 3), "switches": r.switches, "why": r.why}
+    return rows
+
+
+def draw(rows: dict[int, dict], policies: list[str], path: str, title: str = "") -> None:
+    """Measured static modes beside the replay: output tok/s per level, and each projected policy."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--png: needs matplotlib (pip install matplotlib)") from None
+    cs = list(rows)
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
+    for m, style in (("off", "o-"), ("on", "s-")):
+        ax.plot(cs, [rows[c][m]["measured"] for c in cs], style, label=f"{m}: measured")
+        ax.plot(cs, [rows[c][m]["replayed"] for c in cs], style[0] + ":", label=f"{m}: replayed")
+    for p in policies:
+        ys = [rows[c].get(p, {}).get("projected") for c in cs]
+        ax.plot(cs, ys, "^--", label=f"{p}: projected")
+        ax2.plot(cs, [rows[c].get(p, {}).get("ratio_to_best_static") for c in cs], "^--", label=p)
+    ax2.axhline(0.97, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_ylabel("output tok/s")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    ax2.set_xlabel("concurrency C")
+    ax2.set_ylabel("÷ best static")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

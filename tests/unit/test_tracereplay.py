@@ -1,0 +1,86 @@
+"""Replay on decision traces recorded on the H200: the policy design loop (issue: default policy)."""
+
+import gzip
+import io
+import json
+import tarfile
+
+import pytest
+
+from sglang_dynspec.cli import main
+from sglang_dynspec.config import DynspecSettings
+from sglang_dynspec.errors import ConfigError
+from sglang_dynspec.tracereplay import load_trace_set, replay_policy, replay_static, report
+
+DEFAULT_POLICY = DynspecSettings.model_fields["policy"].default
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_trace_set("h200-pair-0512")
+
+
+def test_the_builtin_set_covers_the_measured_levels(pair):
+    assert sorted(pair.levels) == [1, 2, 5, 10, 30, 70, 100]
+    assert pair.incomplete == ["C=250 on", "C=250 off"]  # its traces were cut short on the GPU
+    assert pair.meta["sglang_version"] == "0.5.12"
+
+
+def test_static_modes_reproduce_their_measured_throughput_within_5_percent(pair):
+    for c, modes in pair.levels.items():
+        for mode, lv in modes.items():
+            assert replay_static(lv) == pytest.approx(lv.measured_tok_s, rel=0.05), (c, mode)
+
+
+def test_default_policy_ranks_the_modes_as_measured_at_every_level(pair):
+    """Fails when the default policy would mostly run the mode that measured slower at some C,
+    or would land below 0.97x of the better static mode in the projection."""
+    by_c = {r.concurrency: r for r in replay_policy(pair, DEFAULT_POLICY)}
+    assert sorted(by_c) == sorted(pair.levels)
+    for c, modes in pair.levels.items():
+        on_wins = modes["on"].measured_tok_s > modes["off"].measured_tok_s
+        r = by_c[c]
+        assert (r.share_on > 0.5) == on_wins, (c, r.share_on, on_wins)
+        best = max(replay_static(modes["on"]), replay_static(modes["off"]))
+        assert r.tok_s / best >= 0.97, (c, r.tok_s / best)
+
+
+def test_a_decode_only_cost_model_would_fail_that_test(pair):
+    """The trap the traces show: per decode step, speculation wins up to bs 30 on this pair; only
+    the prefills it scatters make it lose from C=5.  `threshold` at n=30 follows decode costs."""
+    by_c = {r.concurrency: r for r in replay_policy(pair, "threshold", {"n": 30})}
+    wrong = [c for c, m in pair.levels.items()
+             if (by_c[c].share_on > 0.5) != (m["on"].measured_tok_s > m["off"].measured_tok_s)]
+    assert wrong == [5, 10, 30]
+
+
+def test_report_and_cli(pair, tmp_path, capsys):
+    rows = report(pair, ["never"])
+    assert rows[10]["dynspec:never"]["share_on"] == 0.0
+    assert rows[10]["dynspec:never"]["ratio_to_best_static"] == pytest.approx(1.0, abs=0.01)
+    out_json = tmp_path / "r.json"
+    assert main(["replay", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert f"dynspec:{DEFAULT_POLICY}" in out and "max |error|" in out and "left out" in out
+    assert json.loads(out_json.read_text())["levels"]["30"]["off"]["measured"] == pytest.approx(5860.9)
+
+
+def test_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "r.png"
+    assert main(["replay", "--png", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_trace_set(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"levels": {"1": {"on": {"steps": 3}}}}')
+    with pytest.raises(ConfigError, match="not a trace set"):
+        load_trace_set(str(bad))
+    with pytest.raises(ConfigError, match="not a built-in"):
+        load_trace_set(str(tmp_path / "missing.json"))
+
+
+def test_policy_args_need_exactly_one_policy(capsys):
+    assert main(["replay", "--policy", "goodput", "--policy", "never", "--policy-args", "{}"]) == 2
+    assert "exactly one --policy" in capsys.readouterr().err
