@@ -74,8 +74,8 @@ def test_projection_of_measured_sweep_is_close():
     assert sum(errs) / len(errs) < 0.08  # measured 3.0 % when written
 
 
-def test_cli_replay_runs_default(capsys):
-    assert main(["replay", "-C", "1,64", "--seconds", "3", "--cycles", "1", "--phase-seconds", "2"]) == 0
+def test_cli_replay_profile(capsys):
+    assert main(["replay", "--profile", "h200-trained-pair", "-C", "1,64", "--seconds", "3", "--cycles", "1", "--phase-seconds", "2"]) == 0
     out = capsys.readouterr().out
     assert "dynspec:goodput" in out and "phase trace" in out
 
