@@ -422,7 +422,8 @@ def prefill_rows(batch) -> int:
     """Requests a non-decode batch prefills (0 for anything else): what the cost model charges
     prefill time per.  Shapes only, no GPU sync; a chunked prompt counts once per chunk."""
     fm = getattr(batch, "forward_mode", None)
-    if fm is None or fm.is_decode() or fm.is_idle():
+    is_idle = getattr(fm, "is_idle", None)
+    if fm is None or fm.is_decode() or (is_idle is not None and is_idle()):
         return 0
     seq_lens = getattr(batch, "seq_lens", None)
     shape = getattr(seq_lens, "shape", None)
