@@ -120,6 +120,13 @@ def test_config_and_cli_errors_name_the_field(tmp_path):
         cli.main(["sweep", "-C", "1,x"])
     with pytest.raises(SystemExit, match="--policy-args"):
         cli.main(["sweep", "--modes", "off", "--policy-args", "{bad", "--out-dir", str(tmp_path)])
+    for bad in ("512,32", "32", "0,5", "a,b"):
+        with pytest.raises(SystemExit):
+            cli.main(["sweep", "--modes", "off", "--output-len-range", bad, "--out-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--add-trace"):
+        cli.main(["sweep", "--modes", "off", "--add-trace", "2,25,8", "--out-dir", str(tmp_path)])
+    with pytest.raises(ValueError, match="add_trace"):
+        _cfg(tmp_path, trace=([0.0], None), add_trace=sweep_mod.TracePlan(1, 2, 1, 1, min_phase_s=1))
 
 
 def test_cli_sweep_through_real_launcher(tmp_path, shim_env):
@@ -248,6 +255,13 @@ def test_level_major_varied_lengths_then_added_trace(tmp_path, shim_env, capsys)
         rec["modes"]["dynspec:random"]["trace"]["phases"]["high1"]["tpot_p50_ms"]
         / rec["modes"][better]["trace"]["phases"]["high1"]["tpot_p50_ms"], rel=1e-3)
     assert not rec["skipped"]
+    pytest.importorskip("matplotlib")
+    from benchmarks.dynspec_bench.plot import trace_phase_series
+
+    phases, by_mode = trace_phase_series(rec)  # the PNG's third panel
+    assert phases == summ["phases"] and set(by_mode) == {"off", "on", "dynspec:random"}
+    assert by_mode["on"][1] == rec["modes"]["on"]["trace"]["phases"]["high0"]["tpot_p50_ms"]
+    assert (tmp_path / "out" / "t.png").stat().st_size > 1000
 
 
 def test_added_trace_is_skipped_first_when_time_runs_short(tmp_path, shim_env):
