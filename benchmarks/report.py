@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Print markdown tables from harness result files: python benchmarks/report.py results/*.json"""
+"""Print markdown tables from harness result files: python benchmarks/report.py [--short] results/*.json
+
+--short: a few lines per file (closed-loop tok/s and TPOT per C, trace phases, what was skipped)."""
 
 from __future__ import annotations
 
@@ -80,6 +82,80 @@ def offstep_table(rec: dict) -> str:
     return "\n".join(lines)
 
 
+def _closed_loop_short(rec: dict, names: list[str], dyn: list[str]) -> list[str]:
+    modes = rec.get("modes") or {}
+    levels = sorted({c for lv in modes.values() for c in lv if c.isdigit()}, key=level_key)
+    if not levels:
+        return []
+    ratios = rec.get("ratio_to_best_static") or {}
+    lines = ["| C | " + " | ".join(f"{n} tok/s (TPOT p50 ms)" for n in names)
+             + "".join(f" | {d} ÷ best static, tok/s" for d in dyn) + " |",
+             "|---:|" + "---:|" * (len(names) + len(dyn))]
+    for c in levels:
+        cells = []
+        for n in names:
+            x = modes[n].get(c)
+            cells.append(f"{_f(x.get('output_tok_per_s'), 0)} ({_f(x.get('tpot_p50_ms'), 2)})" if x else "–")
+        cells += [f"{_f((ratios.get(d) or {}).get(c), 3)}" for d in dyn]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _trace_short(rec: dict, names: list[str]) -> list[str]:
+    summ = rec.get("trace_phase_summary")
+    if not summ:
+        return []
+    modes = rec.get("modes") or {}
+    dyn = summ["dynspec_modes"]
+    lines = ["| phase | " + " | ".join(f"{n} TPOT / TTFT p50 ms" for n in names)
+             + "".join(f" | {d} ÷ better static, TPOT / TTFT p50 (lower is better)" for d in dyn) + " |",
+             "|---|" + "---:|" * (len(names) + len(dyn))]
+    for p in summ["phases"]:
+        cells = []
+        for n in names:
+            x = ((modes[n].get("trace") or {}).get("phases") or {}).get(p)
+            cells.append(f"{_f(x.get('tpot_p50_ms'), 2)} / {_f(x.get('ttft_p50_ms'), 0)}" if x else "–")
+        row = summ["per_phase"][p]
+        for d in dyn:
+            r = row.get(d) or {}
+            cells.append(f"{_f(r.get('tpot_p50_dynspec_over_better_static_lower_is_better'), 3)} / "
+                         f"{_f(r.get('ttft_p50_dynspec_over_better_static_lower_is_better'), 3)}")
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    for d in dyn:
+        x = summ.get(d) or {}
+        for metric in ("tpot_p50", "ttft_p50"):
+            lines.append(
+                f"{d}, {metric} over {len(x.get(f'{metric}_phases_used') or [])} phases: best single static mode "
+                f"{x.get(f'{metric}_best_single_static')} ÷ {d} = "
+                f"{_f(x.get(f'{metric}_best_single_static_over_dynspec_geomean_higher_is_better'), 3)} "
+                f"(geomean, higher is better; by phase kind "
+                f"{x.get(f'{metric}_best_single_static_over_dynspec_geomean_by_phase_kind_higher_is_better')}); "
+                f"{d} ÷ better static per phase = "
+                f"{_f(x.get(f'{metric}_dynspec_over_better_static_geomean_lower_is_better'), 3)} (geomean, lower is better)")
+    return lines
+
+
+def short_table(rec: dict, source: str = "") -> str:
+    """A few lines for a device call's console: per C every mode's tok/s (TPOT p50) and dynspec's
+    tok/s ÷ the best static mode; per trace phase every mode's TPOT / TTFT p50 and dynspec's ratio
+    to the better static mode, then the trace's geomeans; what was skipped."""
+    s = rec.get("settings") or {}
+    names = list(rec.get("modes") or {})
+    dyn = [n for n in names if n.startswith("dynspec:")]
+    out_len = s.get("output_len_range") or s.get("output_len")
+    lines = [f"### {source}: {rec.get('kind')}, temperature {s.get('temperature')}, output tokens {out_len}, "
+             f"{rec.get('gpu')}, commit {rec.get('git_commit')}", ""]
+    lines += _closed_loop_short(rec, names, dyn)
+    trace = _trace_short(rec, names)
+    if trace:
+        lines += ["", *trace]
+    if rec.get("skipped"):
+        lines += ["", "Skipped: " + ", ".join(f"{x.get('mode')} C={x.get('C')} ({x.get('why')})" for x in rec["skipped"])]
+    for name, err in (rec.get("errors") or {}).items():
+        lines.append(f"Error in {name}: {str(err)[:200]}")
+    return "\n".join(lines)
+
+
 def report(rec: dict, source: str = "") -> str:
     head = (f"### {source} — {rec.get('kind')} | model {rec.get('model')} | SGLang {rec.get('sglang_version')} | "
             f"torch {rec.get('torch_version')} | {rec.get('gpu')} | commit {rec.get('git_commit')}")
@@ -94,6 +170,8 @@ def report(rec: dict, source: str = "") -> str:
 
 
 def main(argv: list[str]) -> int:
+    short = "--short" in argv
+    argv = [a for a in argv if a != "--short"]
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
@@ -105,7 +183,7 @@ def main(argv: list[str]) -> int:
             print(f"{path}: cannot read result ({exc})", file=sys.stderr)
             rc = 1
             continue
-        print(report(rec, Path(path).name))
+        print(short_table(rec, Path(path).name) if short else report(rec, Path(path).name))
         print()
     return rc
 

@@ -11,10 +11,18 @@
 #   DYNSPEC_PAIR_DRAFT_S  draft training seconds (default 65)
 #   DYNSPEC_PAIR_END_S    seconds after start when no new level starts (default 570)
 #   DYNSPEC_PAIR_C        concurrency levels (default 1,2,5,10,30,70,100,128,250: the issue's sweep plus 128 for its step-time figure)
-#   DYNSPEC_PAIR_MODES    swept modes (default off,on,dynspec:goodput); on@topk4 always gets the
-#                         accept pass only (greedy and temperature 0.7, like every `on` mode)
+#   DYNSPEC_PAIR_MODES    swept modes (default off,on,dynspec:goodput)
+#   DYNSPEC_PAIR_ACCEPT_MODES modes started for the accept pass only (default on@topk4; empty: none)
+#   DYNSPEC_PAIR_ACCEPT_T accept-pass temperatures of every `on` mode (default 0,0.7; empty: no pass)
+#   DYNSPEC_PAIR_MAX_REQ  requests per level at most (default 600)
+#   DYNSPEC_PAIR_NAME     result file stem (default pair-sweep); runs sharing a machine need distinct names
+#   DYNSPEC_PAIR_SIDE     out (default): pair-build.log and pair-manifest.json go to $OUT as files;
+#                         logs: into the logs tarball instead (as pair-build.log and pair.json), so
+#                         that two runs stay within the 8 files that come back
 #   DYNSPEC_PAIR_DIR      where the pair is written (default /tmp/pair; weights never come back)
 #   DYNSPEC_PAIR_BUILD_ARGS extra build_pair arguments, word-split (e.g. toy sizes for a dry run)
+#   DYNSPEC_PAIR_BUILDER  python module that builds the pair (default benchmarks.models.build_pair; a
+#                         CPU dry run substitutes benchmarks.dynspec_bench.testing.fake_build)
 #   DYNSPEC_SITE, DYNSPEC_BUNDLE, OUT as in run_sweep.sh
 #
 # Planned time (s from start): corpus+tokenizer+encode ≈ 35 (prompts.json written), target 130 +
@@ -35,8 +43,21 @@ PAIR=${DYNSPEC_PAIR_DIR:-/tmp/pair}
 KIND=${DYNSPEC_PAIR_TARGET:-padded}
 END_S=${DYNSPEC_PAIR_END_S:-570}
 LEVELS=${DYNSPEC_PAIR_C:-1,2,5,10,30,70,100,128,250}
+NAME=${DYNSPEC_PAIR_NAME:-pair-sweep}
+ACCEPT_MODES=${DYNSPEC_PAIR_ACCEPT_MODES-on@topk4}
+ACCEPT_T=${DYNSPEC_PAIR_ACCEPT_T-0,0.7}
+SIDE=${DYNSPEC_PAIR_SIDE:-out}
 mkdir -p "$OUT"
 note() { echo "[run_pair +$(( $(date +%s) - T0 ))s] $*"; }
+case "$SIDE" in
+  out) BUILD_LOG=$OUT/pair-build.log ;;
+  # Beside the pair (not in run_sweep.sh's logs folder: it empties that at its start).
+  logs) mkdir -p "$PAIR-side" && BUILD_LOG=$PAIR-side/pair-build.log ;;
+  *) echo "run_pair.sh: DYNSPEC_PAIR_SIDE must be out|logs, got '$SIDE'" >&2; exit 2 ;;
+esac
+if [ -n "$ACCEPT_MODES" ] && [ -z "$ACCEPT_T" ]; then
+  echo "run_pair.sh: accept-only modes '$ACCEPT_MODES' need DYNSPEC_PAIR_ACCEPT_T" >&2; exit 2
+fi
 
 case "$KIND" in
   padded) PAD=(--pad-layers 48 --pad-intermediate 16384); MODEL=$PAIR/target-padded ;;
@@ -49,12 +70,13 @@ fi
 
 # Unpack SGLang while the pair trains (CPU only); into a side folder first, because
 # run_sweep.sh skips its own unpack when $SITE/sglang exists and must never see half a tree.
-UNTAR_PID=
-if [ ! -d "$SITE/sglang" ]; then
-  ( rm -rf "$SITE.partial" && mkdir -p "$SITE.partial" && tar -C "$SITE.partial" -xJf "$BUNDLE/site.tar.xz" \
-      && rm -rf "$SITE" && mv "$SITE.partial" "$SITE" ) &
-  UNTAR_PID=$!
-fi
+# Under run_sweep.sh's lock: runs started together (one per GPU) unpack it once.
+( flock 9
+  if [ ! -d "$SITE/sglang" ]; then
+    rm -rf "$SITE.partial" && mkdir -p "$SITE.partial" && tar -C "$SITE.partial" -xJf "$BUNDLE/site.tar.xz" \
+      && rm -rf "$SITE" && mv "$SITE.partial" "$SITE"
+  fi ) 9>"/tmp/.dynspec-unpack.lock" &
+UNTAR_PID=$!
 
 # The builder needs torch, tokenizers and safetensors: the image has them; else use the bundle's.
 BUILD_PYPATH=$REPO
@@ -70,9 +92,9 @@ FAILED=$PAIR/BUILD_FAILED
 # The build runs in the background; the harness starts each server as soon as the weights it
 # needs exist (--wait-for-weights: `off` once the target is exported, while the draft trains).
 (
-  PYTHONPATH=$BUILD_PYPATH PYTHONUNBUFFERED=1 python3 -m benchmarks.models.build_pair --out "$PAIR" \
-    --target-seconds "${DYNSPEC_PAIR_TARGET_S:-120}" --draft-seconds "${DYNSPEC_PAIR_DRAFT_S:-65}" "${PAD[@]}" \
-    ${DYNSPEC_PAIR_BUILD_ARGS:-} > "$OUT/pair-build.log" 2>&1
+  PYTHONPATH=$BUILD_PYPATH PYTHONUNBUFFERED=1 python3 -m "${DYNSPEC_PAIR_BUILDER:-benchmarks.models.build_pair}" \
+    --out "$PAIR" --target-seconds "${DYNSPEC_PAIR_TARGET_S:-120}" --draft-seconds "${DYNSPEC_PAIR_DRAFT_S:-65}" \
+    "${PAD[@]}" ${DYNSPEC_PAIR_BUILD_ARGS:-} > "$BUILD_LOG" 2>&1
   rc=$?
   [ $rc -eq 0 ] || { echo "build_pair exit $rc" > "$FAILED"; }
   exit $rc
@@ -84,20 +106,26 @@ BUILD_PID=$!
 # C=250 needs a 256 graph and running-request cap; real weights, so no --load-format dummy.
 FLAGS="--skip-tokenizer-init --attention-backend triton --sampling-backend pytorch \
 --cuda-graph-bs 1 2 4 8 16 32 64 128 256 --max-running-requests 256"
+MODES=${DYNSPEC_PAIR_MODES:-off,on,dynspec:goodput}${ACCEPT_MODES:+,$ACCEPT_MODES}
+ACCEPT=()
+[ -n "$ACCEPT_T" ] && ACCEPT+=(--accept-temperatures "$ACCEPT_T")
+[ -n "$ACCEPT_MODES" ] && ACCEPT+=(--accept-only "$ACCEPT_MODES")
+PACK=
+[ "$SIDE" = logs ] && PACK="$BUILD_LOG $PAIR/pair.json"
 LEFT=$(( END_S - ($(date +%s) - T0) ))
-note "servers wait for their weights; accept pass + sweep, $LEFT s until the last level may start"
-DYNSPEC_NAME=pair-sweep DYNSPEC_BUDGET_S=$LEFT DYNSPEC_SITE=$SITE DYNSPEC_BUNDLE=$BUNDLE OUT=$OUT \
+note "servers wait for their weights; accept pass + sweep, $LEFT s until the deadline"
+DYNSPEC_NAME=$NAME DYNSPEC_BUDGET_S=$LEFT DYNSPEC_SITE=$SITE DYNSPEC_BUNDLE=$BUNDLE OUT=$OUT \
+  DYNSPEC_PACK_FILES="${DYNSPEC_PACK_FILES:-} $PACK" \
   bash "$REPO/benchmarks/device/run_sweep.sh" sweep \
   --wait-for-weights "${DYNSPEC_PAIR_WAIT_S:-420}" --wait-abort-file "$FAILED" \
   --model "$MODEL" --draft "$PAIR/draft" --prompts-file "$PAIR/prompts.json" --kind pair \
-  --modes "${DYNSPEC_PAIR_MODES:-off,on,dynspec:goodput},on@topk4" --accept-only on@topk4 \
-  --accept-temperatures 0,0.7 --pair-manifest "$PAIR/pair.json" \
-  -C "$LEVELS" --input-len 256 --output-len 128 --max-requests 600 \
+  --modes "$MODES" "${ACCEPT[@]}" --pair-manifest "$PAIR/pair.json" \
+  -C "$LEVELS" --input-len 256 --output-len 128 --max-requests "${DYNSPEC_PAIR_MAX_REQ:-600}" \
   --common-flags "$FLAGS" "$@"
 RC=$?
 wait "$BUILD_PID"; BUILD_RC=$?
-cp "$PAIR/pair.json" "$OUT/pair-manifest.json" 2>/dev/null
-tail -5 "$OUT/pair-build.log"
-note "done (build exit $BUILD_RC, sweep exit $RC); $KIND target; manifest in $OUT/pair-manifest.json"
+[ "$SIDE" = out ] && cp "$PAIR/pair.json" "$OUT/pair-manifest.json" 2>/dev/null
+tail -5 "$BUILD_LOG"
+note "done (build exit $BUILD_RC, sweep exit $RC); $KIND target; build log and manifest: $([ "$SIDE" = out ] && echo "$OUT" || echo "$OUT/$NAME-logs.tar.xz")"
 [ "$BUILD_RC" -eq 0 ] || exit 3
 exit "$RC"

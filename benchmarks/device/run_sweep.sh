@@ -18,6 +18,8 @@
 #                      logs, and rank_traces adds the TP ranks' agreement to the result JSON
 #   DYNSPEC_SITE       where site.tar.xz is unpacked (default /tmp/site; reused when present, so a
 #                      second release on a warm machine needs its own, e.g. /tmp/site-0.5.15)
+#   DYNSPEC_PACK_FILES files (space-separated paths) copied into the logs tarball when it is packed,
+#                      e.g. a build log and manifest that would otherwise each take one of the 8 files
 #   OUT                where results go (the device tool sets it)
 set -uo pipefail
 
@@ -145,6 +147,7 @@ fi
 
 # ---- 4. pack logs (one file: at most 8 come back) and summarise --------------------------------
 cp "$PHASES" "$LOGS/phases.txt" 2>/dev/null
+for f in ${DYNSPEC_PACK_FILES:-}; do cp "$f" "$LOGS/" 2>/dev/null || note "not packed (missing): $f"; done
 cp -r "$STATS" "$LOGS/stats" 2>/dev/null
 tar -C /tmp -cJf "$OUT/$NAME-logs.tar.xz" "$(basename "$LOGS")" 2>/dev/null && \
   note "logs: $(du -h "$OUT/$NAME-logs.tar.xz" | cut -f1)"

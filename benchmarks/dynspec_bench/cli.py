@@ -54,6 +54,13 @@ def _floats(text: str, field: str) -> list[float]:
     return _number_list(text, field, float, "numbers >= 0", lambda v: v >= 0)
 
 
+def _len_range(text: str) -> tuple[int, int]:
+    vals = _ints(text, "--output-len-range")
+    if len(vals) != 2 or vals[0] > vals[1]:
+        raise argparse.ArgumentTypeError(f"--output-len-range: expected LO,HI with LO <= HI, got {text!r}")
+    return vals[0], vals[1]
+
+
 def _json_obj(text: str | None, field: str) -> dict | None:
     if not text:
         return None
@@ -138,7 +145,8 @@ def _server_cfg(args, max_c: int, name: str) -> ServerConfig:
         print(f"[dynspec-bench] deterministic inference: {'on' if det else 'off'} ({why})", flush=True)
     mtt = args.max_total_tokens
     if mtt is None:
-        need = max_c * (args.input_len + args.output_len + 64)
+        out_len = max(args.output_len, *(getattr(args, "output_len_range", None) or [0]))
+        need = max_c * (args.input_len + out_len + 64)
         # Floor: small pools make SGLang shrink its prefill chunk and queue requests.
         mtt = max(32768, int(math.ceil(need / 4096) * 4096))
     return ServerConfig(
@@ -173,7 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-C", "--concurrency", type=lambda t: _ints(t, "--concurrency"), default=None)
         p.add_argument("--input-len", type=int, default=None)
         p.add_argument("--output-len", type=int, default=None)
+        p.add_argument("--output-len-range", type=_len_range, default=None, metavar="LO,HI",
+                       help="draw each measured request's max_new_tokens uniformly from LO..HI (seeded: the "
+                            "same lengths for every mode); --output-len then sizes only warm-ups and the accept pass")
+        p.add_argument("--output-len-seed", type=int, default=None, help="seed of those lengths (default: --seed)")
         p.add_argument("--temperature", type=float, default=0.0)
+        p.add_argument("--level-order", choices=["mode", "level"], default="mode",
+                       help="mode: each mode's levels in turn; level: every mode at one C before the next C "
+                            "(a deadline then cuts the highest C of all modes, not the last mode's levels)")
         p.add_argument("--requests-factor", type=int, default=8, help="requests per level = factor × C")
         p.add_argument("--min-requests", type=int, default=8)
         p.add_argument("--max-requests", type=int, default=None)
@@ -195,6 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--trace-file", default=None, help='JSON: [t,...] or {"arrivals_s": [...], "phases": [...]}')
             p.add_argument("--alternating", default="2,40,20,3",
                            help="low_rate,high_rate,phase_seconds,cycles for a generated low/high trace")
+        else:
+            p.add_argument("--add-trace", default=None, metavar="LOW,HIGH,PHASE_S,CYCLES",
+                           help="after the closed-loop levels, an open-loop low/high trace on the same servers "
+                                "(requests/s, requests/s, seconds per phase, cycles); its phases shrink to fit "
+                                "the deadline, down to --add-trace-min-phase-s, else it is skipped")
+            p.add_argument("--add-trace-min-phase-s", type=float, default=None,
+                           help="shortest phase the plan may shrink to (default: 5 s, or PHASE_S if shorter)")
+            p.add_argument("--add-trace-overhead-s", type=float, default=10.0,
+                           help="seconds per mode the trace plan reserves besides the arrivals (draining, stats)")
     p = sub.add_parser("fuzz", help="random on/off every step: crashes, leaks, output drift")
     _add_server_args(p)
     p.add_argument("--policy", default="random")
@@ -237,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     full_argv = ["-m", "benchmarks.dynspec_bench", *argv]
     if args.cmd in ("sweep", "trace"):
         from .loadgen import alternating_trace, load_trace
-        from .sweep import Sweep, SweepConfig
+        from .sweep import Sweep, SweepConfig, TracePlan
 
         preset = PRESETS.get(args.preset or "", {})
         for key in ("concurrency", "input_len", "output_len", "max_requests"):
@@ -261,6 +285,14 @@ def main(argv: list[str] | None = None) -> int:
                 low, high, ps, cyc = args.alternating.split(",")
                 trace = alternating_trace(float(low), float(high), float(ps), int(cyc), seed=args.seed)
             max_c = 128
+        add_trace = None
+        if getattr(args, "add_trace", None):
+            try:
+                add_trace = TracePlan.parse(args.add_trace, min_phase_s=args.add_trace_min_phase_s,
+                                            overhead_s=args.add_trace_overhead_s)
+            except ValueError as exc:
+                raise SystemExit(f"--add-trace: {exc}") from None
+            max_c = max(max_c, 128)  # the high phase's requests in flight, not a closed-loop C
         cfg = SweepConfig(
             waves=_waves(args, preset), server=_server_cfg(args, max_c, name), concurrency=args.concurrency,
             input_len=args.input_len, output_len=args.output_len, temperature=args.temperature,
@@ -274,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             accept_temperatures=args.accept_temperatures,
             accept_only=[m.strip() for m in args.accept_only.split(",") if m.strip()],
             accept_concurrency=args.accept_concurrency, accept_requests=args.accept_requests,
-            pair_manifest=args.pair_manifest,
+            pair_manifest=args.pair_manifest, output_len_range=args.output_len_range,
+            output_len_seed=args.output_len_seed, level_order=args.level_order, add_trace=add_trace,
         )
         rec = Sweep(cfg, full_argv).run()
         return 0 if rec["modes"] else 1

@@ -53,6 +53,28 @@ def sampling_params(max_new_tokens: int, temperature: float = 0.0, **extra) -> d
     return {"max_new_tokens": int(max_new_tokens), "ignore_eos": True, "temperature": float(temperature), **extra}
 
 
+def output_lengths(n: int, lo: int, hi: int, seed: int) -> list[int]:
+    """``n`` max_new_tokens drawn uniformly from the integers lo..hi (both included).
+
+    Seeded, so every mode given the same seed serves the same lengths (with ``ignore_eos`` they
+    are the exact output lengths)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if not 1 <= int(lo) <= int(hi):
+        raise ValueError(f"output length range must satisfy 1 <= lo <= hi, got {lo},{hi}")
+    rng = random.Random(seed)
+    return [rng.randint(int(lo), int(hi)) for _ in range(n)]
+
+
+def _params_for(params: dict | list[dict], n: int) -> list[dict]:
+    """One sampling-params dict per request: ``params`` is shared, or already one per request."""
+    if isinstance(params, dict):
+        return [params] * n
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} per-request sampling params for {n} requests")
+    return list(params)
+
+
 def _parse_finish(meta: dict) -> str | None:
     fr = meta.get("finish_reason")
     if isinstance(fr, dict):
@@ -192,12 +214,15 @@ def _progress(total: int, desc: str):
 
 
 async def closed_loop(
-    base_url: str, prompts: list[list[int]], concurrency: int, params: dict,
+    base_url: str, prompts: list[list[int]], concurrency: int, params: dict | list[dict],
     desc: str = "", timeout_s: float = 600.0,
 ) -> tuple[list[RequestResult], float]:
-    """Keep exactly `concurrency` requests in flight until all prompts are served."""
+    """Keep exactly `concurrency` requests in flight until all prompts are served.
+
+    ``params``: one sampling-params dict for every request, or a list with one per prompt."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    per_req = _params_for(params, len(prompts))
     results: list[RequestResult | None] = [None] * len(prompts)
     next_index = 0
     bar = _progress(len(prompts), desc)
@@ -207,7 +232,7 @@ async def closed_loop(
         while next_index < len(prompts):
             i = next_index
             next_index += 1
-            results[i] = await send_one(session, base_url, i, prompts[i], params, t0)
+            results[i] = await send_one(session, base_url, i, prompts[i], per_req[i], t0)
             if bar is not None:
                 bar.update(1)
 
@@ -221,19 +246,22 @@ async def closed_loop(
 
 
 async def open_loop(
-    base_url: str, prompts: list[list[int]], arrivals_s: list[float], params: dict,
+    base_url: str, prompts: list[list[int]], arrivals_s: list[float], params: dict | list[dict],
     phases: list[str] | None = None, desc: str = "", timeout_s: float = 600.0,
 ) -> tuple[list[RequestResult], float]:
-    """Send prompt i at arrivals_s[i] seconds after the start, whatever is still in flight."""
+    """Send prompt i at arrivals_s[i] seconds after the start, whatever is still in flight.
+
+    ``params``: one sampling-params dict for every request, or a list with one per arrival."""
     if len(arrivals_s) > len(prompts):
         raise ValueError(f"trace has {len(arrivals_s)} arrivals but only {len(prompts)} prompts")
+    per_req = _params_for(params, len(arrivals_s))
     bar = _progress(len(arrivals_s), desc)
 
     async def one(session, i, t0):
         delay = t0 + arrivals_s[i] - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        r = await send_one(session, base_url, i, prompts[i], params, t0)
+        r = await send_one(session, base_url, i, prompts[i], per_req[i], t0)
         r.phase = phases[i] if phases else None
         if bar is not None:
             bar.update(1)

@@ -172,13 +172,15 @@ def load_phase_times(path: str | None) -> dict:
 
 
 @contextlib.contextmanager
-def phase(record: dict, name: str):
-    """Time a block into record['phase_times_s'][name] (also when it raises)."""
+def phase(record: dict, name: str, add: bool = False):
+    """Time a block into record['phase_times_s'][name] (also when it raises); ``add``: onto the
+    time already there (a phase measured in several pieces)."""
     t0 = time.monotonic()
     try:
         yield
     finally:
-        record.setdefault("phase_times_s", {})[name] = round(time.monotonic() - t0, 3)
+        times = record.setdefault("phase_times_s", {})
+        times[name] = round((times.get(name, 0.0) if add else 0.0) + time.monotonic() - t0, 3)
 
 
 def finish(path: str | Path, record: dict) -> Path:

@@ -11,8 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import correctness as corr
-from .loadgen import closed_loop, first_errors, open_loop, sampling_params, summarize, summarize_by_phase
+from .loadgen import (
+    alternating_trace, closed_loop, first_errors, open_loop, output_lengths, sampling_params, summarize,
+    summarize_by_phase,
+)
 from .modes import Mode, ServerConfig, parse_mode, stats_dir_for, worker_path_guess
+from .phase_summary import summarize_phases
 from .prompts import PromptSource
 from .results import base_record, phase, validate, write_json
 from .server import ServerProcess
@@ -21,6 +25,59 @@ from .wave import log, running_modes
 
 # The plugin rewrites its stats file about once per second; tests shorten the wait.
 STATS_SETTLE_S = float(os.environ.get("DYNSPEC_STATS_SETTLE_S", "1.5"))
+# A level starts only with this many times the longest time the same C took for another mode
+# left (a speculative mode can take twice as long as `off` at high C), or level_margin_s if more.
+LEVEL_ESTIMATE_FACTOR = 2.0
+LEVEL_ORDERS = ("mode", "level")
+
+
+@dataclass
+class TracePlan:
+    """An alternating low/high open-loop trace run on the same servers after the closed-loop levels.
+
+    Every measured mode gets the same trace. Its phases shrink (never below ``min_phase_s``) so
+    that the whole trace fits every mode before the deadline; if even that does not fit it is
+    skipped: the closed-loop levels come first."""
+
+    low_rate: float
+    high_rate: float
+    phase_s: float
+    cycles: int
+    min_phase_s: float = 5.0
+    # Per mode besides the arrivals: stats reads, the requests of the last phase finishing.
+    overhead_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not (self.low_rate > 0 and self.high_rate > 0 and self.phase_s > 0):
+            raise ValueError(f"trace plan: rates and phase_s must be > 0, got {self}")
+        if self.cycles < 1:
+            raise ValueError(f"trace plan: cycles must be >= 1, got {self.cycles}")
+        if not 0 < self.min_phase_s <= self.phase_s:
+            raise ValueError(f"trace plan: need 0 < min_phase_s <= phase_s, got {self.min_phase_s}, {self.phase_s}")
+
+    @classmethod
+    def parse(cls, text: str, min_phase_s: float | None = None, overhead_s: float = 10.0) -> "TracePlan":
+        """``low_rate,high_rate,phase_s,cycles`` (requests/s, requests/s, seconds, count);
+        ``min_phase_s`` defaults to 5 s, or phase_s when that is shorter."""
+        try:
+            low, high, ps, cyc = (x.strip() for x in text.split(","))
+            phase_s = float(ps)
+            return cls(float(low), float(high), phase_s, int(cyc),
+                       min_phase_s=min(5.0, phase_s) if min_phase_s is None else min_phase_s, overhead_s=overhead_s)
+        except ValueError as exc:
+            raise ValueError(f"trace plan {text!r}: expected low_rate,high_rate,phase_s,cycles ({exc})") from None
+
+    def seconds_per_mode(self, phase_s: float) -> float:
+        return 2 * self.cycles * phase_s + self.overhead_s
+
+    def fit_phase_s(self, seconds_left: float, n_modes: int) -> float | None:
+        """The longest phase (<= phase_s) with which all n_modes traces end in seconds_left."""
+        per_mode = seconds_left / max(1, n_modes) - self.overhead_s
+        phase_s = min(self.phase_s, per_mode / (2 * self.cycles))
+        return round(phase_s, 3) if phase_s >= self.min_phase_s else None
+
+    def build(self, phase_s: float, seed: int) -> tuple[list[float], list[str]]:
+        return alternating_trace(self.low_rate, self.high_rate, phase_s, self.cycles, seed=seed)
 
 
 @dataclass
@@ -34,6 +91,11 @@ class SweepConfig:
     requests_factor: int = 8
     min_requests: int = 8
     max_requests: int | None = None
+    # (lo, hi): each measured request's max_new_tokens drawn uniformly from lo..hi, seeded with
+    # output_len_seed (default: seed) and the level, so every mode serves the same lengths.
+    # output_len then sizes only the KV pool's floor, the accept pass and the warm-ups.
+    output_len_range: tuple[int, int] | None = None
+    output_len_seed: int | None = None
     warmup_tokens: int = 32
     prompts_file: str | None = None
     seed: int = 0
@@ -60,6 +122,10 @@ class SweepConfig:
     kind: str = "sweep"
     trace: tuple[list[float], list[str] | None] | None = None
     trace_warmup_concurrency: int = 8
+    # "mode": each mode's levels one mode after the other (a deadline cuts the last modes' high
+    # levels); "level": every mode at one C before the next C (it cuts the highest C of all modes).
+    level_order: str = "mode"
+    add_trace: TracePlan | None = None  # after the levels, on the same servers (sweep kind)
     server_factory: object = None  # tests inject a callable(spec, log_dir) -> ServerProcess
 
     def __post_init__(self) -> None:
@@ -84,6 +150,17 @@ class SweepConfig:
             raise ValueError("input_len and output_len must be >= 1")
         if self.requests_factor < 1:
             raise ValueError(f"requests_factor must be >= 1, got {self.requests_factor}")
+        if self.output_len_range is not None:
+            lo, hi = self.output_len_range
+            if not 1 <= int(lo) <= int(hi):
+                raise ValueError(f"output_len_range: need 1 <= lo <= hi, got {self.output_len_range}")
+            self.output_len_range = (int(lo), int(hi))
+        if self.output_len_seed is None:
+            self.output_len_seed = self.seed
+        if self.level_order not in LEVEL_ORDERS:
+            raise ValueError(f"level_order must be one of {LEVEL_ORDERS}, got {self.level_order!r}")
+        if self.add_trace is not None and self.trace is not None:
+            raise ValueError("add_trace: a trace run already measures a trace (give one of trace / add_trace)")
 
     def requests_for(self, c: int) -> int:
         n = max(self.min_requests, self.requests_factor * c)
@@ -110,9 +187,11 @@ class Sweep:
             "draft_model": cfg.server.draft,
             "settings": {
                 "concurrency": list(cfg.concurrency), "input_len": cfg.input_len, "output_len": cfg.output_len,
+                "output_len_range": list(cfg.output_len_range) if cfg.output_len_range else None,
+                "output_len_seed": cfg.output_len_seed if cfg.output_len_range else None,
                 "temperature": cfg.temperature, "requests_factor": cfg.requests_factor,
                 "max_requests": cfg.max_requests, "warmup_tokens": cfg.warmup_tokens,
-                "waves": cfg.waves, "reference": cfg.reference,
+                "waves": cfg.waves, "reference": cfg.reference, "level_order": cfg.level_order,
                 "deterministic": cfg.server.deterministic, "policy_args": cfg.server.policy_args,
                 "correctness": {"prompts": cfg.correctness_prompts, "new_tokens": cfg.correctness_tokens,
                                 "concurrency": cfg.correctness_concurrency},
@@ -120,8 +199,16 @@ class Sweep:
             "modes": {}, "correctness": {}, "mode_info": {}, "server_stats": {},
             "ratio_to_best_static": {}, "skipped": [], "errors": {},
         })
+        if cfg.add_trace is not None:
+            plan = cfg.add_trace
+            self.record["settings"]["added_trace"] = {
+                "low_rate_per_s": plan.low_rate, "high_rate_per_s": plan.high_rate, "cycles": plan.cycles,
+                "phase_s_requested": plan.phase_s, "min_phase_s": plan.min_phase_s,
+                "overhead_s_per_mode": plan.overhead_s, "seed": cfg.seed, "phase_s": None, "arrivals": None,
+            }
         self._outputs: dict[str, list] = {}
         self._next_port = cfg.base_port
+        self._level_wall: dict[int, float] = {}  # longest time one mode's level at C took, for the deadline
 
     # ---- top level -------------------------------------------------------------------
     def run(self) -> dict:
@@ -149,17 +236,21 @@ class Sweep:
                         with phase(self.record, f"accept:{m.name}"):
                             self._accept_pass(m, live[m.name])
                 write_json(self.json_path, self.record)
-            for m in modes:
-                srv = live.get(m.name)
-                if m.name in self.cfg.accept_only:
-                    if srv is not None:
-                        self._after_mode(m, srv)
-                    continue
-                if srv is not None:
+            measured = [(m, live[m.name]) for m in modes
+                        if m.name not in self.cfg.accept_only and live.get(m.name) is not None]
+            if self.cfg.level_order == "mode":
+                for m, srv in measured:
                     with phase(self.record, f"measure:{m.name}"):
                         self._measure_mode(m, srv)
-                    self._after_mode(m, srv)
-                write_json(self.json_path, self.record)
+                    write_json(self.json_path, self.record)
+            else:
+                self._measure_level_major(measured)
+            if self.cfg.add_trace is not None:
+                self._added_trace(measured)
+            for m in modes:
+                if live.get(m.name) is not None:
+                    self._after_mode(m, live[m.name])
+            write_json(self.json_path, self.record)
 
     # ---- one mode --------------------------------------------------------------------
     def _mode_info(self, m: Mode) -> dict:
@@ -174,29 +265,96 @@ class Sweep:
             return None
         return stats_dir_for(self.cfg.server.stats_root, m.name)
 
-    def _measure_mode(self, m: Mode, srv: ServerProcess) -> None:
+    def _correctness(self, m: Mode, srv: ServerProcess) -> None:
         cfg = self.cfg
-        base = srv.base_url
         with phase(self.record, f"correctness:{m.name}"):
             self._outputs[m.name] = corr.collect_outputs(
-                base, self.corr_prompts, cfg.correctness_tokens, cfg.correctness_concurrency)
+                srv.base_url, self.corr_prompts, cfg.correctness_tokens, cfg.correctness_concurrency)
+
+    def _measure_mode(self, m: Mode, srv: ServerProcess) -> None:
+        """Mode-major order: this mode's correctness prompts, then all its levels (or its trace)."""
+        self._correctness(m, srv)
         levels = self.record["modes"].setdefault(m.name, {})
-        if cfg.trace is not None:
-            levels["trace"] = self._measure_trace(m, srv)
+        if self.cfg.trace is not None:
+            levels["trace"] = self._measure_trace(m, srv, self.cfg.trace)
             return
-        for ci, c in enumerate(cfg.concurrency):
-            if cfg.remaining_s() < cfg.level_margin_s:
-                log(f"deadline near: skipping {m.name} C={c}")
-                self.record["skipped"].append({"mode": m.name, "C": c, "why": "deadline"})
+        for ci, c in enumerate(self.cfg.concurrency):
+            self._run_level(m, srv, ci, c)
+
+    def _measure_level_major(self, measured: list[tuple[Mode, ServerProcess]]) -> None:
+        """Level-major order: every mode's correctness prompts, then each C for every mode in turn."""
+        for m, srv in measured:
+            self._correctness(m, srv)
+            self.record["modes"].setdefault(m.name, {})
+        if self.cfg.trace is not None:
+            for m, srv in measured:
+                with phase(self.record, f"measure:{m.name}", add=True):
+                    self.record["modes"][m.name]["trace"] = self._measure_trace(m, srv, self.cfg.trace)
+                write_json(self.json_path, self.record)
+            return
+        for ci, c in enumerate(self.cfg.concurrency):
+            for m, srv in measured:
+                with phase(self.record, f"measure:{m.name}", add=True):
+                    self._run_level(m, srv, ci, c)
+
+    def _level_time_needed(self, c: int) -> float:
+        return max(self.cfg.level_margin_s, LEVEL_ESTIMATE_FACTOR * self._level_wall.get(c, 0.0))
+
+    def _run_level(self, m: Mode, srv: ServerProcess, ci: int, c: int) -> None:
+        """One level of one mode, unless the deadline is too near or the server died."""
+        cfg = self.cfg
+        left, need = cfg.remaining_s(), self._level_time_needed(c)
+        if left < need:
+            log(f"deadline near: skipping {m.name} C={c} ({left:.0f} s left, {need:.0f} s needed)")
+            self.record["skipped"].append({"mode": m.name, "C": c, "why": "deadline"})
+            return
+        if not srv.alive():
+            self.record["skipped"].append({"mode": m.name, "C": c, "why": "server died"})
+            return
+        t0 = time.monotonic()
+        lv = self._measure_level(m, srv, c, salt=1 + ci)
+        self._level_wall[c] = max(self._level_wall.get(c, 0.0), time.monotonic() - t0)
+        self.record["modes"].setdefault(m.name, {})[str(c)] = lv
+        log(f"  {m.name:24s} C={c:<4d} {lv['output_tok_per_s']!s:>10} tok/s  tpot50={lv['tpot_p50_ms']} ms "
+            f"acc={lv['accept_length']} sw={lv['switches']} failed={lv['failed']}/{lv['requests']}")
+        write_json(self.json_path, self.record)
+
+    def _added_trace(self, measured: list[tuple[Mode, ServerProcess]]) -> None:
+        """The open-loop trace after the levels: planned once so that every mode gets all of it."""
+        plan, info = self.cfg.add_trace, self.record["settings"]["added_trace"]
+        left = self.cfg.remaining_s()
+        phase_s = plan.fit_phase_s(left, len(measured)) if measured else None
+        if phase_s is None:
+            why = (f"deadline: {left:.0f} s left, {len(measured)} modes × "
+                   f"{plan.seconds_per_mode(plan.min_phase_s):.0f} s needed at the shortest phases")
+            log(f"skipping the added trace ({why})")
+            self.record["skipped"] += [{"mode": m.name, "C": "trace", "why": why} for m, _ in measured]
+            return
+        if phase_s < plan.phase_s:
+            log(f"added trace: phases shortened to {phase_s} s (requested {plan.phase_s} s) to fit the deadline")
+        trace = plan.build(phase_s, seed=self.cfg.seed)
+        info.update(phase_s=phase_s, arrivals=len(trace[0]), phases=list(dict.fromkeys(trace[1])))
+        for m, srv in measured:
+            # Planned to fit; a mode that ran long must not push the rest past the device's limit.
+            left = self.cfg.remaining_s()
+            if left < plan.seconds_per_mode(phase_s) - plan.overhead_s / 2:
+                self.record["skipped"].append({"mode": m.name, "C": "trace", "why": f"deadline ({left:.0f} s left)"})
                 continue
             if not srv.alive():
-                self.record["skipped"].append({"mode": m.name, "C": c, "why": "server died"})
+                self.record["skipped"].append({"mode": m.name, "C": "trace", "why": "server died"})
                 continue
-            levels[str(c)] = self._measure_level(m, srv, c, salt=1 + ci)
-            lv = levels[str(c)]
-            log(f"  {m.name:24s} C={c:<4d} {lv['output_tok_per_s']!s:>10} tok/s  tpot50={lv['tpot_p50_ms']} ms "
-                 f"acc={lv['accept_length']} sw={lv['switches']} failed={lv['failed']}/{lv['requests']}")
+            with phase(self.record, f"trace:{m.name}"):
+                self.record["modes"].setdefault(m.name, {})["trace"] = self._measure_trace(m, srv, trace, warm=False)
             write_json(self.json_path, self.record)
+
+    def _request_params(self, n: int, salt: int) -> dict | list[dict]:
+        """Sampling params of a level's n requests: one fixed length, or drawn per request."""
+        cfg = self.cfg
+        if cfg.output_len_range is None:
+            return sampling_params(cfg.output_len, cfg.temperature)
+        lo, hi = cfg.output_len_range
+        lens = output_lengths(n, lo, hi, seed=cfg.output_len_seed * 1_000_003 + salt)
+        return [sampling_params(k, cfg.temperature) for k in lens]
 
     def _accept_pass(self, m: Mode, srv: ServerProcess) -> None:
         """SGLang's accept length of mode ``m`` per temperature, on held-out prompts."""
@@ -243,9 +401,18 @@ class Sweep:
         cfg = man.get("config") or {}
         self.record["padded"] = bool(cfg.get("pad_layers") or cfg.get("pad_intermediate"))
 
+    def _add_stats(self, level: dict, sdir: str | None, before: dict | None, keys: tuple[str, ...]) -> None:
+        """The dynspec plugin's counters over the level (0 switches for modes without the plugin)."""
+        level["switches"] = 0
+        if not sdir:
+            return
+        time.sleep(STATS_SETTLE_S)
+        d = delta(before, read_stats(sdir))
+        for k in keys:
+            level[k] = d[k] if d else None
+
     def _measure_level(self, m: Mode, srv: ServerProcess, c: int, salt: int) -> dict:
         cfg = self.cfg
-        params = sampling_params(cfg.output_len, cfg.temperature)
         warm = self.prompts.take(c, salt=10_000 + salt)
         asyncio.run(closed_loop(srv.base_url, warm, c, sampling_params(min(cfg.warmup_tokens, cfg.output_len),
                                                                         cfg.temperature), desc=f"warm {m.name} C={c}"))
@@ -253,47 +420,42 @@ class Sweep:
         if sdir:
             time.sleep(STATS_SETTLE_S)
         before = read_stats(sdir)
-        prompts = self.prompts.take(cfg.requests_for(c), salt=salt)
-        results, wall = asyncio.run(closed_loop(srv.base_url, prompts, c, params, desc=f"{m.name} C={c}"))
+        n = cfg.requests_for(c)
+        prompts = self.prompts.take(n, salt=salt)
+        results, wall = asyncio.run(closed_loop(srv.base_url, prompts, c, self._request_params(n, salt),
+                                                desc=f"{m.name} C={c}"))
         level = summarize(results, wall)
-        level["switches"] = 0
-        if sdir:
-            time.sleep(STATS_SETTLE_S)
-            d = delta(before, read_stats(sdir))
-            level["switches"] = d["switches"] if d else None
-            level["decode_steps"] = d["decode_steps"] if d else None
-            level["steps_off"] = d["steps_off"] if d else None
-            level["steps_on"] = d["steps_on"] if d else None
-            level["policy_errors"] = d["policy_errors"] if d else None
-            level["off_not_applied"] = d["off_not_applied"] if d else None
+        self._add_stats(level, sdir, before, ("switches", "decode_steps", "steps_off", "steps_on", "policy_errors",
+                                              "off_not_applied"))
         if level["failed"]:
             level["errors"] = first_errors(results)
         return level
 
-    def _measure_trace(self, m: Mode, srv: ServerProcess) -> dict:
+    def _measure_trace(self, m: Mode, srv: ServerProcess, trace: tuple[list[float], list[str] | None],
+                       warm: bool = True) -> dict:
+        """One mode on an open-loop trace; ``warm=False`` when the server has just run the levels."""
         cfg = self.cfg
-        arrivals, phases = cfg.trace
-        c = cfg.trace_warmup_concurrency
-        asyncio.run(closed_loop(srv.base_url, self.prompts.take(c, salt=20_000), c,
-                                sampling_params(cfg.warmup_tokens, cfg.temperature), desc="warm trace"))
+        arrivals, phases = trace
+        if warm:
+            c = cfg.trace_warmup_concurrency
+            asyncio.run(closed_loop(srv.base_url, self.prompts.take(c, salt=20_000), c,
+                                    sampling_params(cfg.warmup_tokens, cfg.temperature), desc="warm trace"))
         sdir = self._stats_dir(m)
         if sdir:
             time.sleep(STATS_SETTLE_S)
         before = read_stats(sdir)
         prompts = self.prompts.take(len(arrivals), salt=30_000)
         results, wall = asyncio.run(open_loop(srv.base_url, prompts, arrivals,
-                                              sampling_params(cfg.output_len, cfg.temperature), phases,
+                                              self._request_params(len(arrivals), salt=30_000), phases,
                                               desc=f"trace {m.name}"))
         level = summarize(results, wall)
-        level["switches"] = 0
-        if sdir:
-            time.sleep(STATS_SETTLE_S)
-            d = delta(before, read_stats(sdir))
-            level["switches"] = d["switches"] if d else None
-            level["decode_steps"] = d["decode_steps"] if d else None
+        self._add_stats(level, sdir, before, ("switches", "decode_steps", "steps_off", "steps_on"))
         if phases:
             level["phases"] = summarize_by_phase(results, wall)
-        log(f"  {m.name:24s} trace {level['output_tok_per_s']} tok/s failed={level['failed']}/{level['requests']}")
+        if level["failed"]:
+            level["errors"] = first_errors(results)
+        log(f"  {m.name:24s} trace {level['output_tok_per_s']} tok/s tpot50={level['tpot_p50_ms']} ms "
+            f"failed={level['failed']}/{level['requests']}")
         return level
 
     def _after_mode(self, m: Mode, srv: ServerProcess) -> None:
@@ -323,6 +485,9 @@ class Sweep:
             if ref is not None:
                 rec["correctness"][name] = corr.compare(ref, outs)
         rec["ratio_to_best_static"] = ratios_to_best_static(rec["modes"])
+        summary = summarize_phases(rec["modes"])
+        if summary is not None:
+            rec["trace_phase_summary"] = summary
         # Top-level spec fields describe the first speculative mode; mode_info has each mode's.
         for info in rec["mode_info"].values():
             if info["kind"] != "off":

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import report  # noqa: E402
 from benchmarks.dynspec_bench import cli, sweep as sweep_mod  # noqa: E402
-from benchmarks.dynspec_bench.modes import ServerConfig  # noqa: E402
+from benchmarks.dynspec_bench.modes import ServerConfig, parse_mode  # noqa: E402
 from benchmarks.dynspec_bench.results import RESULT_SCHEMA, validate  # noqa: E402
 from benchmarks.dynspec_bench.server import ServerProcess  # noqa: E402
 from benchmarks.dynspec_bench.sweep import Sweep, SweepConfig  # noqa: E402
@@ -120,6 +120,13 @@ def test_config_and_cli_errors_name_the_field(tmp_path):
         cli.main(["sweep", "-C", "1,x"])
     with pytest.raises(SystemExit, match="--policy-args"):
         cli.main(["sweep", "--modes", "off", "--policy-args", "{bad", "--out-dir", str(tmp_path)])
+    for bad in ("512,32", "32", "0,5", "a,b"):
+        with pytest.raises(SystemExit):
+            cli.main(["sweep", "--modes", "off", "--output-len-range", bad, "--out-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--add-trace"):
+        cli.main(["sweep", "--modes", "off", "--add-trace", "2,25,8", "--out-dir", str(tmp_path)])
+    with pytest.raises(ValueError, match="add_trace"):
+        _cfg(tmp_path, trace=([0.0], None), add_trace=sweep_mod.TracePlan(1, 2, 1, 1, min_phase_s=1))
 
 
 def test_cli_sweep_through_real_launcher(tmp_path, shim_env):
@@ -198,3 +205,85 @@ def test_failed_builder_ends_the_wait(tmp_path, shim_env):
     assert time.monotonic() - t0 < 25  # no 30 s wait
     assert "BUILD_FAILED appeared" in rec["errors"]["on"]["start"]
     assert rec["modes"]["off"]["2"]["failed"] == 0  # the target's server still measured
+
+
+def test_level_major_varied_lengths_then_added_trace(tmp_path, shim_env, capsys):
+    """GPU 1's suite: every mode at one C before the next, per-request lengths drawn once for all
+    modes, then the open-loop low/high trace on the same servers and its per-phase summary."""
+    from benchmarks.dynspec_bench.loadgen import output_lengths
+    from benchmarks.dynspec_bench.sweep import TracePlan
+
+    plan = TracePlan(low_rate=5.0, high_rate=60.0, phase_s=0.5, cycles=2, min_phase_s=0.5, overhead_s=1.0)
+    cfg = _cfg(tmp_path, concurrency=[1, 3], level_order="level", output_len_range=(3, 20), temperature=0.7,
+               seed=5, add_trace=plan, deadline=time.monotonic() + 600)
+    rec = Sweep(cfg, argv=["sweep"]).run()
+    validate(rec)
+    assert rec["settings"]["output_len_range"] == [3, 20] and rec["settings"]["output_len_seed"] == 5
+    assert rec["settings"]["level_order"] == "level"
+    for ci, c in enumerate([1, 3]):
+        n = cfg.requests_for(c)
+        want = sum(output_lengths(n, 3, 20, seed=5 * 1_000_003 + 1 + ci))
+        for mode in ("off", "on", "dynspec:random"):
+            lv = rec["modes"][mode][str(c)]
+            assert lv["failed"] == 0 and lv["completion_tokens"] == want  # ignore_eos: exact lengths
+    # Level-major: all three modes at C=1 are logged before any mode at C=3.
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if " C=" in ln and "tok/s" in ln]
+    assert [ln.split()[2] + ln.split()[3] for ln in lines] == [
+        "offC=1", "onC=1", "dynspec:randomC=1", "offC=3", "onC=3", "dynspec:randomC=3"]
+    added = rec["settings"]["added_trace"]
+    assert added["phase_s"] == 0.5 and added["phases"] == ["low0", "high0", "low1", "high1"]
+    tokens = set()
+    for mode in ("off", "on", "dynspec:random"):
+        tr = rec["modes"][mode]["trace"]
+        assert tr["requests"] == added["arrivals"] and tr["failed"] == 0
+        assert set(tr["phases"]) == {"low0", "high0", "low1", "high1"}
+        for ph in tr["phases"].values():
+            assert ph["tpot_p50_ms"] > 0 and ph["ttft_p50_ms"] > 0 and ph["output_tok_per_s"] > 0
+        tokens.add(tr["completion_tokens"])
+        assert rec["phase_times_s"][f"trace:{mode}"] > 0 and rec["phase_times_s"][f"measure:{mode}"] > 0
+    assert len(tokens) == 1  # the same lengths for every mode
+    assert rec["modes"]["dynspec:random"]["trace"]["decode_steps"] == tokens.pop()  # fake: a step per token
+    summ = rec["trace_phase_summary"]
+    assert summ["phases"] == ["low0", "high0", "low1", "high1"] and summ["dynspec_modes"] == ["dynspec:random"]
+    dyn = summ["dynspec:random"]
+    assert dyn["tpot_p50_best_single_static"] in ("off", "on")
+    assert dyn["tpot_p50_best_single_static_over_dynspec_geomean_higher_is_better"] > 0
+    assert dyn["ttft_p50_phases_used"] == summ["phases"]
+    ph = summ["per_phase"]["high1"]
+    better = ph["tpot_p50_better_static"]
+    assert ph["dynspec:random"]["tpot_p50_dynspec_over_better_static_lower_is_better"] == pytest.approx(
+        rec["modes"]["dynspec:random"]["trace"]["phases"]["high1"]["tpot_p50_ms"]
+        / rec["modes"][better]["trace"]["phases"]["high1"]["tpot_p50_ms"], rel=1e-3)
+    assert not rec["skipped"]
+    pytest.importorskip("matplotlib")
+    from benchmarks.dynspec_bench.plot import trace_phase_series
+
+    phases, by_mode = trace_phase_series(rec)  # the PNG's third panel
+    assert phases == summ["phases"] and set(by_mode) == {"off", "on", "dynspec:random"}
+    assert by_mode["on"][1] == rec["modes"]["on"]["trace"]["phases"]["high0"]["tpot_p50_ms"]
+    assert (tmp_path / "out" / "t.png").stat().st_size > 1000
+
+
+def test_added_trace_is_skipped_first_when_time_runs_short(tmp_path, shim_env):
+    """Levels have priority: with too little time left for every mode's trace, it is skipped (and
+    recorded), never run for only some modes. 60 s for 2 modes: (30 - 10) / 6 < 5 s phases."""
+    from benchmarks.dynspec_bench.sweep import TracePlan
+
+    plan = TracePlan(low_rate=2.0, high_rate=25.0, phase_s=8.0, cycles=3, min_phase_s=5.0, overhead_s=10.0)
+    cfg = _cfg(tmp_path, waves=[["off", "dynspec:random"]], concurrency=[2], level_order="level",
+               add_trace=plan, deadline=time.monotonic() + 60, wave_margin_s=1, level_margin_s=1)
+    rec = Sweep(cfg, argv=["sweep"]).run()
+    assert rec["modes"]["off"]["2"]["failed"] == 0 and rec["modes"]["dynspec:random"]["2"]["failed"] == 0
+    assert "trace" not in rec["modes"]["off"] and "trace_phase_summary" not in rec
+    skipped = [s for s in rec["skipped"] if s["C"] == "trace"]
+    assert {s["mode"] for s in skipped} == {"off", "dynspec:random"}
+    assert "deadline" in skipped[0]["why"] and rec["settings"]["added_trace"]["phase_s"] is None
+
+
+def test_level_needs_twice_the_longest_time_that_c_took(tmp_path, shim_env):
+    sw = Sweep(_cfg(tmp_path, level_margin_s=25.0, deadline=time.monotonic() + 40))
+    assert sw._level_time_needed(100) == 25.0  # nothing measured at C=100 yet: the margin
+    sw._level_wall[100] = 30.0
+    assert sw._level_time_needed(100) == 60.0
+    sw._run_level(parse_mode("on"), None, 0, 100)  # 40 s left < 60 s: skipped before touching the server
+    assert sw.record["skipped"] == [{"mode": "on", "C": 100, "why": "deadline"}]
