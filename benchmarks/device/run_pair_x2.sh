@@ -36,7 +36,7 @@
 #   DYNSPEC_X2_ROW1_C     row 1 levels [1,2,5,10,30,70,100,250]
 #   DYNSPEC_X2_ROW3_C     row 3 levels [1,10,100];  DYNSPEC_X2_ROW3_MAX_REQ  requests per level at most [400]
 #   DYNSPEC_X2_LEN_RANGE  rows 3+4 output lengths [32,512];  DYNSPEC_X2_TEMP  their temperature [0.7]
-#   DYNSPEC_X2_TRACE      row 4: low_rate,high_rate,phase_s,cycles [2,25,8,3]
+#   DYNSPEC_X2_TRACE      row 4: low_rate,high_rate,phase_s,cycles [2,25,8,3]; `none`: no trace
 #   DYNSPEC_X2_ARGS, DYNSPEC_X2_G0_ARGS, DYNSPEC_X2_G1_ARGS  extra harness arguments (word-split): both / one
 #   DYNSPEC_X2_NEED_GPUS  GPUs torch must see [2] (0 for a CPU dry run with fake servers)
 #   DYNSPEC_PAIR_*, DYNSPEC_SITE, DYNSPEC_BUNDLE, OUT as in run_pair.sh / run_sweep.sh
@@ -83,12 +83,15 @@ DYNSPEC_PAIR_C=${DYNSPEC_X2_ROW1_C:-1,2,5,10,30,70,100,250} DYNSPEC_PAIR_ACCEPT_
   pipeline "$GPU0" "$N0" --base-port "$PORT0" --level-order level \
   ${DYNSPEC_X2_ARGS:-} ${DYNSPEC_X2_G0_ARGS:-} &
 PID0=$!
+TRACE=${DYNSPEC_X2_TRACE:-2,25,8,3}
+TRACE_ARGS="--add-trace $TRACE"
+[ "$TRACE" = none ] && TRACE_ARGS=""
 # shellcheck disable=SC2086
 DYNSPEC_PAIR_C=${DYNSPEC_X2_ROW3_C:-1,10,100} DYNSPEC_PAIR_ACCEPT_MODES= DYNSPEC_PAIR_ACCEPT_T= \
   DYNSPEC_PAIR_MAX_REQ=${DYNSPEC_X2_ROW3_MAX_REQ:-400} \
   pipeline "$GPU1" "$N1" --base-port "$PORT1" --level-order level \
   --output-len-range "${DYNSPEC_X2_LEN_RANGE:-32,512}" --temperature "${DYNSPEC_X2_TEMP:-0.7}" \
-  --add-trace "${DYNSPEC_X2_TRACE:-2,25,8,3}" ${DYNSPEC_X2_ARGS:-} ${DYNSPEC_X2_G1_ARGS:-} &
+  $TRACE_ARGS ${DYNSPEC_X2_ARGS:-} ${DYNSPEC_X2_G1_ARGS:-} &
 PID1=$!
 wait "$PID0"
 wait "$PID1"
