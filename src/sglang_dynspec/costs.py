@@ -83,19 +83,34 @@ def _fade(memory: float, n: float) -> float:
     return (1.0 - 1.0 / memory) ** n
 
 
-class PrefillMeter:
-    """Prefill seconds per admitted request by mode, and admitted requests per output token.
+BATCH_MEMORY = 32.0  # prefill batches: a mode's batching history fades over about this many
+BATCH_SAMPLES = 5  # a batch size's time is the median of its last this many batches
 
-    Per mode two figures: its fading history, and the current *stretch* (since the mode was
-    last entered or a new load arrived).  The stretch matters for plain decode: it keeps the
-    batching it inherits, so what it costs now says more than what it cost last time.
+
+class PrefillMeter:
+    """How long a prefill batch of n requests takes, how many requests each mode's prefill batches
+    hold, and admitted requests per output token.
+
+    The time of a batch depends on n, not on the mode (the same forward runs), so it is learnt
+    from every batch: per batch-size bucket, the median of the last few (the first batch of a new
+    shape compiles kernels and took 10x longer on the H200).  What the mode changes is n: after plain decode a
+    whole batch of requests may finish at once, after speculation they finish one by one.  Per
+    mode, the mean batch size has a fading history and a current *stretch* (since the mode was
+    entered or a new load arrived); plain decode keeps the batching it inherits, so its stretch
+    says more than its history.  Counts are rank-identical; only the times are local.
     """
 
-    def __init__(self):
-        self.hist_s = [0.0, 0.0]
-        self.hist_n = [0.0, 0.0]
-        self.stretch_s = [0.0, 0.0]
-        self.stretch_n = [0.0, 0.0]
+    def __init__(self, alpha: float = 0.2):
+        self.alpha = alpha
+        n = NUM_BUCKETS
+        self.time = [0.0] * n
+        self.mean_n = [0.0] * n
+        self.count = [0] * n
+        self._recent: list[list[float]] = [[] for _ in range(n)]
+        self.hist_req = [0.0, 0.0]
+        self.hist_batches = [0.0, 0.0]
+        self.stretch_req = [0.0, 0.0]
+        self.stretch_batches = [0.0, 0.0]
         self.rate_req = 0.0
         self.rate_tok = 0.0
         self._tokens_pending = 0.0
@@ -103,41 +118,58 @@ class PrefillMeter:
     def add_tokens(self, n: float) -> None:
         self._tokens_pending += n
 
-    def observe(self, on: bool | None, seconds: float, requests: int) -> None:
-        """A prefill of ``requests`` new requests took ``seconds``; ``on``: the mode before it
-        (None: after an idle gap, a new load nobody's mode caused)."""
+    def observe(self, on: bool | None, seconds: float | None, requests: int) -> None:
+        """Prefill batches admitting ``requests`` took ``seconds`` (None: unknown) after a decode
+        step of mode ``on`` (None: after an idle gap, a new load no mode caused)."""
         if requests <= 0:
             return
         f = _fade(RATE_MEMORY, requests)
         self.rate_req = self.rate_req * f + requests
         self.rate_tok = self.rate_tok * f + self._tokens_pending
         self._tokens_pending = 0.0
+        if seconds is not None and seconds > 0:
+            b = bucket(min(requests, MAX_BS))
+            c = self.count[b] + 1
+            recent = self._recent[b]
+            recent.append(seconds)
+            if len(recent) > BATCH_SAMPLES:
+                del recent[0]
+            ordered = sorted(recent)
+            k = len(ordered)
+            self.time[b] = ordered[k // 2] if k % 2 else 0.5 * (ordered[k // 2 - 1] + ordered[k // 2])
+            self.mean_n[b] += max(1.0 / c, self.alpha) * (requests - self.mean_n[b])
+            self.count[b] = c
         if on is None:
             return
         m = 1 if on else 0
-        f = _fade(PREFILL_MEMORY, requests)
-        self.hist_s[m] = self.hist_s[m] * f + seconds
-        self.hist_n[m] = self.hist_n[m] * f + requests
-        self.stretch_s[m] += seconds
-        self.stretch_n[m] += requests
+        f = 1.0 - 1.0 / BATCH_MEMORY
+        self.hist_req[m] = self.hist_req[m] * f + requests
+        self.hist_batches[m] = self.hist_batches[m] * f + 1.0
+        self.stretch_req[m] += requests
+        self.stretch_batches[m] += 1.0
 
     def new_stretch(self, on: bool | None = None) -> None:
         """Forget the stretch figures of one mode (None: both)."""
         for m in ((0, 1) if on is None else (1 if on else 0,)):
-            self.stretch_s[m] = 0.0
-            self.stretch_n[m] = 0.0
+            self.stretch_req[m] = 0.0
+            self.stretch_batches[m] = 0.0
 
     def to_vector(self) -> list[float]:
-        return [*self.hist_s, *self.hist_n, *self.stretch_s, *self.stretch_n, self.rate_req, self.rate_tok]
+        out: list[float] = []
+        for b in range(NUM_BUCKETS):
+            has = 1.0 if self.count[b] else 0.0
+            out += (self.time[b] * has, self.mean_n[b] * has, has)
+        return out + [*self.hist_req, *self.hist_batches, *self.stretch_req, *self.stretch_batches,
+                      self.rate_req, self.rate_tok]
 
 
-PREFILL_VECTOR_LEN = 10
+PREFILL_VECTOR_LEN = 3 * NUM_BUCKETS + 10
 
 
 class CostView:
     """Agreed, read-only costs, with a per-mode linear fit (time = a + c*bs) for empty buckets."""
 
-    __slots__ = ("time", "count", "mean_bs", "fit", "version", "prefill")
+    __slots__ = ("time", "count", "mean_bs", "fit", "version", "prefill", "batch_fit")
 
     def __init__(self, summed: Sequence[float] | None, version: int = 0, ranks: int = 1):
         n = NUM_BUCKETS
@@ -145,7 +177,8 @@ class CostView:
         self.count = [[0] * n, [0] * n]
         self.mean_bs = [[0.0] * n, [0.0] * n]
         self.version = version
-        self.prefill = [0.0] * PREFILL_VECTOR_LEN
+        self.prefill = [0.0] * 10
+        self.batch_fit = None
         if summed is None:  # filled by from_table
             return
         i = 0
@@ -157,7 +190,7 @@ class CostView:
                     self.time[m][b] = t / has
                     self.mean_bs[m][b] = s / has
                     self.count[m][b] = int(cnt / has)
-        self.prefill = [x / ranks for x in summed[i : i + PREFILL_VECTOR_LEN]]
+        self._set_prefill(summed[i : i + PREFILL_VECTOR_LEN], ranks)
         self.fit = [self._fit(0), self._fit(1)]
 
     @classmethod
@@ -167,10 +200,27 @@ class CostView:
         v.time = [list(table.time[0]), list(table.time[1])]
         v.count = [list(table.count[0]), list(table.count[1])]
         v.mean_bs = [list(table.mean_bs[0]), list(table.mean_bs[1])]
-        if meter is not None:
-            v.prefill = meter.to_vector()
+        v._set_prefill(meter.to_vector() if meter is not None else None, 1)
         v.fit = [v._fit(0), v._fit(1)]
         return v
+
+    def _set_prefill(self, vec: Sequence[float] | None, ranks: int) -> None:
+        """Batch time = a + c*n fitted over the buckets (each bucket averaged over the ranks that
+        have it), plus the rank-averaged counts."""
+        self.batch_fit = None
+        if vec is None:
+            self.prefill = [0.0] * 10
+            return
+        pts = []
+        for b in range(NUM_BUCKETS):
+            t, n, has = vec[3 * b : 3 * b + 3]
+            if has > 0:
+                pts.append((n / has, t / has))
+        self.prefill = [x / ranks for x in vec[3 * NUM_BUCKETS :]]
+        if len(pts) == 1:
+            self.batch_fit = (pts[0][1], 0.0)  # one size seen: a fixed cost per batch
+        elif pts:
+            self.batch_fit = _line(pts)
 
     def _fit(self, m: int) -> tuple[float, float] | None:
         cnt, bs, tm = self.count[m], self.mean_bs[m], self.time[m]
@@ -213,15 +263,45 @@ class CostView:
         req, tok = self.prefill[8], self.prefill[9]
         return req / tok if tok > 0 else 0.0
 
-    def prefill_history(self, on: bool) -> float | None:
+    def _per_request(self, batch_size: float) -> float | None:
+        f = self.batch_fit
+        if f is None or batch_size <= 0:
+            return None
+        return max(f[0] + f[1] * batch_size, 0.0) / batch_size
+
+    def batch_size_history(self, on: bool) -> float | None:
         m = 1 if on else 0
-        s, n = self.prefill[m], self.prefill[2 + m]
-        return s / n if n > 0 else None
+        req, batches = self.prefill[m], self.prefill[2 + m]
+        return req / batches if batches > 0 else None
 
     def stretch_requests(self, on: bool) -> float:
-        return self.prefill[6 + (1 if on else 0)]
+        return self.prefill[4 + (1 if on else 0)]
+
+    def prefill_history(self, on: bool) -> float | None:
+        """Prefill seconds per admitted request at the batching this mode had lately."""
+        n = self.batch_size_history(on)
+        return None if n is None else self._per_request(n)
 
     def prefill_stretch(self, on: bool) -> float | None:
+        """The same at the batching of its current stretch, once that has seen a few requests."""
         m = 1 if on else 0
-        s, n = self.prefill[4 + m], self.prefill[6 + m]
-        return s / n if n >= STRETCH_MIN_REQUESTS else None
+        req, batches = self.prefill[4 + m], self.prefill[6 + m]
+        if req < STRETCH_MIN_REQUESTS or batches <= 0:
+            return None
+        return self._per_request(req / batches)
+
+
+def _line(pts: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares a + c*x, slope kept >= 0 (more rows never cost less)."""
+    n = len(pts)
+    sx = sum(p[0] for p in pts)
+    sy = sum(p[1] for p in pts)
+    sxx = sum(p[0] * p[0] for p in pts)
+    sxy = sum(p[0] * p[1] for p in pts)
+    den = n * sxx - sx * sx
+    if den <= 0:
+        return sy / n, 0.0
+    c = (n * sxy - sx * sy) / den
+    if c < 0:
+        return sy / n, 0.0
+    return (sy - c * sx) / n, c

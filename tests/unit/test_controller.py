@@ -62,10 +62,11 @@ def test_prefill_time_is_charged_per_request_to_the_previous_mode_idle_time_is_n
     c.on_other(1)  # a second one: still the same interval
     clock.t += 0.010
     c.on_decode(1)
-    # the decode step keeps its 10 ms; the 30 ms are 10 ms per admitted request, after an `on` step
+    # the decode step keeps its 10 ms; the 30 ms are one prefill of 3 requests after an `on` step
     assert c.costs.count[1][1] == 6 and c.costs.estimate_local(True, 1) == pytest.approx(0.010)
-    assert c.prefill.hist_s[1] / c.prefill.hist_n[1] == pytest.approx(0.010)
-    assert c.prefill.hist_n[0] == 0
+    assert c.prefill.hist_req[1] == 3 and c.prefill.hist_batches[1] == 1 and c.prefill.hist_batches[0] == 0
+    c._refresh_view()
+    assert c.view.prefill_history(True) == pytest.approx(0.010)
     # 3 requests admitted after 6 steps x 3 tokens
     assert c.prefill.rate_req / c.prefill.rate_tok == pytest.approx(3 / 18)
     # An idle gap before new requests arrive (decode part 50x the estimate): neither part is a cost.
@@ -75,7 +76,8 @@ def test_prefill_time_is_charged_per_request_to_the_previous_mode_idle_time_is_n
     clock.t += 0.040
     c.on_decode(1)
     assert c.costs.count[1][1] == 6
-    assert c.prefill.hist_s[1] / c.prefill.hist_n[1] == pytest.approx(0.010)
+    assert c.prefill.hist_req[1] == 3  # the admission after the idle gap is no mode's
+    assert c.prefill.count[4] == 1  # but its time tells what a batch of 4 costs
     # A new run after idling: no interval spans it.
     c.on_idle()
     clock.t += 0.003
@@ -92,15 +94,37 @@ def test_off_steps_count_their_tokens_and_a_burst_restarts_the_plain_stretch():
     c.on_other(2)  # two requests: no new load (2 < 4)
     clock.t += 0.020
     c.on_decode(8)
-    assert c.prefill.stretch_n[0] == 2 and c.prefill.rate_tok == 80
+    assert c.prefill.stretch_req[0] == 2 and c.prefill.rate_tok == 80
     clock.t += 0.004
     c.on_other(8)  # the whole batch anew: a burst, the plain stretch restarts with it
     clock.t += 0.040
     c.on_decode(8)
-    assert c.prefill.stretch_n[0] == 8 and c.prefill.stretch_s[0] == pytest.approx(0.040)
-    assert c.prefill.hist_n[0] == pytest.approx(2 * (1 - 1 / 64) ** 8 + 8)
+    assert c.prefill.stretch_req[0] == 8 and c.prefill.stretch_batches[0] == 1
+    assert c.prefill.hist_req[0] == pytest.approx(2 * (1 - 1 / 32) + 8)
     c.on_decode(8)
+    # batches of 2 (20 ms) and 8 (40 ms): 8 at once cost 5 ms each
     assert c.view.prefill_stretch(False) == pytest.approx(0.005)
+
+
+def test_a_compiling_first_prefill_is_clipped_and_batch_costs_are_shared_by_the_modes():
+    """The first prefill of a new shape compiles kernels (217 ms for one request on the H200,
+    then ~20 ms).  It must not keep its mode looking expensive: batch times are learnt from every
+    batch, clipped once a size has history, and the modes differ only in how they batch."""
+    clock = Clock()
+    c = Controller(build_policy("always", {}), clock=clock, sync_interval=1)
+    c.on_decode(1)
+    clock.t += 0.006
+    c.on_other(1)
+    clock.t += 0.217  # compiling
+    for i in range(200):
+        c.on_decode(1)
+        c.on_result(1, 1)
+        clock.t += 0.006
+        if i % 50 == 49:
+            c.on_other(1)
+            clock.t += 0.020
+    c.on_decode(1)
+    assert c.view.prefill_history(True) == pytest.approx(0.020, rel=0.1)
 
 
 def test_acceptance_estimate():

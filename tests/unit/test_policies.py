@@ -100,51 +100,56 @@ def test_goodput_hysteresis_and_reprobe():
     assert p.decide(inputs(bs=4, prev=False, dwell=100, acc=1.0, samples=50, costs=v)) is False
 
 
-def prefill_view(on_ms, off_ms, p_on_ms, p_off_ms, tokens_per_request=128, stretch_off_ms=None, stretch_n=8,
+def prefill_view(on_ms, off_ms, on_batch, off_batch, stretch_off=None, tokens_per_request=128,
                  sizes=(1, 2, 4, 8, 16, 32, 64, 128)):
+    """Decode costs as functions of bs; prefill batches as (requests, ms) after each mode."""
     t = CostTable()
     for bs in sizes:
         for _ in range(5):
             t.observe(True, bs, on_ms(bs) / 1e3)
             t.observe(False, bs, off_ms(bs) / 1e3)
     m = PrefillMeter()
-    m.add_tokens(tokens_per_request * 20)
-    m.observe(True, p_on_ms * 10 / 1e3, 10)
-    m.observe(False, p_off_ms * 10 / 1e3, 10)
+    for on, (n, ms) in ((True, on_batch), (False, off_batch)):
+        for _ in range(3):
+            m.add_tokens(tokens_per_request * n)
+            m.observe(on, ms / 1e3, n)
     m.new_stretch(False)
-    if stretch_off_ms is not None:
-        m.observe(False, stretch_off_ms * stretch_n / 1e3, stretch_n)
+    if stretch_off is not None:
+        n, ms = stretch_off
+        m.observe(False, ms / 1e3, n)
     return CostView.from_table(t, m)
 
 
 def test_goodput_counts_prefills_per_output_token():
     # Decode alone: at bs 10 speculation makes 23 tokens in 6.7 ms, plain 10 in 3.55 ms (on wins 1.2x).
-    # With 22 ms of prefill per request after speculative steps but 4.7 ms after plain ones (they
-    # batch), plain wins: 0.355 + 4.7/128 vs 0.29 + 22/128 ms per token.
+    # A prefill batch costs 20 ms + 2.7 ms per request.  After speculative steps requests arrive
+    # one at a time (22.7 ms each), after plain ones ten at once (4.7 ms each): plain wins,
+    # 0.355 + 4.7/128 vs 0.29 + 22.7/128 ms per token.
     dec_on, dec_off = (lambda b: 6.2 + 0.05 * b), (lambda b: 3.5 + 0.005 * b)
     p = build_policy("goodput", {"min_dwell": 0})
     x = dict(bs=10, prev=True, dwell=50, acc=2.3, samples=100)
-    assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, 0.0, 0.0))) is True
-    assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, 22.0, 4.7))) is False
+    assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, (1, 0.0), (1, 0.0)))) is True
+    assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, (1, 22.7), (10, 47.0)))) is False
     e = p.explain()
     assert e["why"] == "model" and e["off_tok_s"] > e["on_tok_s"] > 0
-    # the same prefill cost in both modes changes nothing: decode decides
-    assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, 22.0, 22.0))) is True
+    # the same batching in both modes changes nothing: decode decides
+    assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, (1, 22.7), (1, 22.7)))) is True
     # plain decode's current stretch outranks its history
-    assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, 22.0, 22.0, stretch_off_ms=4.7))) is False
+    assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, (1, 22.7), (1, 22.7),
+                                                   stretch_off=(10, 47.0)))) is False
 
 
 def test_goodput_plain_trial_after_a_burst_until_its_successors_are_seen():
     dec_on, dec_off = (lambda b: 6.2 + 0.05 * b), (lambda b: 3.5 + 0.005 * b)
     p = build_policy("goodput", {"min_dwell": 0, "trial_lifetimes": 1.0})
-    same = prefill_view(dec_on, dec_off, 22.0, 22.0)  # stretch empty: nothing known of plain's batching
+    same = prefill_view(dec_on, dec_off, (1, 22.0), (1, 22.0))  # stretch empty: plain's batching unknown
     x = dict(bs=10, acc=2.3, samples=100, costs=same)
     # speculating; a burst arrives; plain decode could win only if its prefills batch: a trial
     assert p.decide(inputs(**x, prev=True, dwell=50, new_load=True)) is False
     assert p.explain()["why"] == "trial"
     for _ in range(200):  # ~1 lifetime (128 tokens) and then until 4 successors were prefilled
         assert p.decide(inputs(**x, prev=False, dwell=10)) is False
-    seen = prefill_view(dec_on, dec_off, 22.0, 22.0, stretch_off_ms=22.0)  # they did not batch
+    seen = prefill_view(dec_on, dec_off, (1, 22.0), (1, 22.0), stretch_off=(4, 88.0))  # one at a time
     assert p.decide(inputs(bs=10, acc=2.3, samples=100, costs=seen, prev=False, dwell=10)) is False  # last trial step
     assert p.decide(inputs(bs=10, acc=2.3, samples=100, costs=seen, prev=False, dwell=10)) is True
     assert p.explain()["why"] == "model"
