@@ -44,8 +44,16 @@ def bucket(bs: int) -> int:
 NUM_BUCKETS = bucket(MAX_BS) + 1
 
 
+FIRST_SAMPLES = 5  # a bucket's first samples: their median, not their mean
+
+
 class CostTable:
-    """Decode-step time per mode and bucket: a mean that turns into an EMA once a bucket has history."""
+    """Decode-step time per mode and bucket: the median of its first few samples, then an EMA.
+
+    The median matters: the first step at a new batch size can compile kernels (a 419 ms step
+    among 7 ms ones was seen on the H200), and a mean would keep that mode looking slow at that
+    batch size for as long as the policy avoids it there.
+    """
 
     def __init__(self, alpha: float = 0.1):
         self.alpha = alpha
@@ -54,13 +62,21 @@ class CostTable:
         self.time = [[0.0] * n, [0.0] * n]
         self.count = [[0] * n, [0] * n]
         self.mean_bs = [[0.0] * n, [0.0] * n]
+        self._first: list[list[list[float]]] = [[[] for _ in range(n)], [[] for _ in range(n)]]
 
     def observe(self, on: bool, bs: int, seconds: float) -> None:
         b = bucket(min(bs, MAX_BS))
         m = 1 if on else 0
         c = self.count[m][b] + 1
         w = max(1.0 / c, self.alpha)
-        self.time[m][b] += w * (seconds - self.time[m][b])
+        if c <= FIRST_SAMPLES:
+            first = self._first[m][b]
+            first.append(seconds)
+            self.time[m][b] = _median(first)
+            if c == FIRST_SAMPLES:
+                self._first[m][b] = []
+        else:
+            self.time[m][b] += w * (seconds - self.time[m][b])
         self.mean_bs[m][b] += w * (bs - self.mean_bs[m][b])
         self.count[m][b] = c
 
@@ -134,9 +150,7 @@ class PrefillMeter:
             recent.append(seconds)
             if len(recent) > BATCH_SAMPLES:
                 del recent[0]
-            ordered = sorted(recent)
-            k = len(ordered)
-            self.time[b] = ordered[k // 2] if k % 2 else 0.5 * (ordered[k // 2 - 1] + ordered[k // 2])
+            self.time[b] = _median(recent)
             self.mean_n[b] += max(1.0 / c, self.alpha) * (requests - self.mean_n[b])
             self.count[b] = c
         if on is None:
@@ -289,6 +303,12 @@ class CostView:
         if req < STRETCH_MIN_REQUESTS or batches <= 0:
             return None
         return self._per_request(req / batches)
+
+
+def _median(xs: list[float]) -> float:
+    o = sorted(xs)
+    k = len(o)
+    return o[k // 2] if k % 2 else 0.5 * (o[k // 2 - 1] + o[k // 2])
 
 
 def _line(pts: list[tuple[float, float]]) -> tuple[float, float]:

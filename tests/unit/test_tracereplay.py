@@ -84,3 +84,16 @@ def test_bad_trace_set(tmp_path):
 def test_policy_args_need_exactly_one_policy(capsys):
     assert main(["replay", "--policy", "goodput", "--policy", "never", "--policy-args", "{}"]) == 2
     assert "exactly one --policy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("level, step, seconds", [(1, 3, 0.419), (1, 0, 0.217)])
+def test_a_compiling_first_step_does_not_lock_speculation_out(pair, level, step, seconds, monkeypatch):
+    """On the H200 the first speculative steps at a new batch size compiled kernels (419 ms among
+    6 ms steps; a first prefill 217 ms): the default policy then stayed plain at C=1 and C=2 for
+    the whole run (pairx2-*-row1.json).  Replayed with that step injected, it must speculate."""
+    import copy
+
+    ts = copy.deepcopy(pair)
+    ts.levels[level]["on"].steps[step].seconds = seconds
+    by_c = {r.concurrency: r for r in replay_policy(ts, DEFAULT_POLICY)}
+    assert by_c[1].share_on > 0.5 and by_c[2].share_on > 0.5

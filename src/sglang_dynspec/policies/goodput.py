@@ -15,8 +15,8 @@ its figure is its history.
 Exploration is bounded: speculation first until acceptance is known, then one short stretch of
 plain decode; a *plain trial* of about one request lifetime when a burst of new requests
 arrives and plain decode could win if it batches their successors well (the only way to learn
-that); and after ``reprobe_every`` plain steps a short speculative probe, only if speculation
-could win with 1.5x today's acceptance.  Hysteresis (``margin``) and ``min_dwell`` stop flapping.
+that); and after ``reprobe_every`` plain steps a short speculative probe if speculation could win with
+1.5x today's acceptance (after 4x as long in any case, in case its costs are stale).  Hysteresis (``margin``) and ``min_dwell`` stop flapping.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from ..costs import STRETCH_MIN_REQUESTS
 from .base import PolicyArgs, StepInputs, parse_args
 
 REPROBE_ACCEPT_FACTOR = 1.5  # a probe is worth it only if this much more acceptance would win
+STALE_PROBE_FACTOR = 4  # ... or after this many reprobe intervals, whatever the estimates say
 
 
 class GoodputArgs(PolicyArgs):
@@ -114,9 +115,12 @@ class Goodput:
         if g > 1.0 + self.margin:
             return self._say(True, "model", c)
         if x.steps_in_mode >= self.reprobe:
+            # Acceptance may have changed, or the speculative costs be stale: probe if more
+            # acceptance could win, and in any case after STALE_PROBE_FACTOR x as long.
             hopeful = self.seconds_per_token(x, x.accept_length * REPROBE_ACCEPT_FACTOR)
-            if hopeful is not None and hopeful[1] > hopeful[0]:
-                return self._say(True, "probe", c)  # acceptance may have changed; dwell holds it
+            if (hopeful is not None and hopeful[1] > hopeful[0]) or \
+                    x.steps_in_mode % (STALE_PROBE_FACTOR * self.reprobe) == 0:
+                return self._say(True, "probe", c)  # dwell holds it min_dwell steps
         return self._say(False, "model", c)
 
     def _say(self, decision: bool, why: str, c) -> bool:
