@@ -80,6 +80,20 @@ def test_unreadable_toml(tmp_path):
         load_settings({"SGLANG_DYNSPEC_CONFIG": path})
 
 
+def test_example_config_shows_every_setting():
+    """The example is where users read what each setting does: none missing, none stale."""
+    import re
+    from pathlib import Path
+
+    from sglang_dynspec.config import FIELDS
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "dynspec.toml").read_text()
+    keys = set(re.findall(r"^#? ?(\w+) =", text, flags=re.M)) | set(re.findall(r"^\[(\w+)\]", text, flags=re.M))
+    assert sorted(set(FIELDS) - {"config"} - keys) == []
+    deadline_comment = text.split("policy_deadline_ms =")[0].rsplit("\n\n", 1)[-1]
+    assert "policy_deadline_strikes" in deadline_comment  # one late call does not fail a policy
+
+
 def test_example_config_loads_as_is():
     from pathlib import Path
 
