@@ -7,8 +7,8 @@ dynspec server really switched (plugin stats show off-steps), with no failed req
 report, no crash and outputs identical to the reference.
 
     python benchmarks/support_matrix.py            # print the table
-    python benchmarks/support_matrix.py --write    # replace it in README.md
-    python benchmarks/support_matrix.py --check    # exit 1 if README.md is stale
+    python benchmarks/support_matrix.py --write    # replace it in README.md and write the packaged JSON
+    python benchmarks/support_matrix.py --check    # exit 1 if README.md or the JSON is stale
 """
 
 from __future__ import annotations
@@ -81,10 +81,11 @@ def _torch_note(env: dict) -> str:
     return f"; torch {torch}, not its pin {pin}" if torch and pin and torch != pin else ""
 
 
-def table() -> str:
+def matrix() -> list[dict]:
+    """One row per (release, worker path, topk): the README table and the packaged JSON that
+    `sglang-dynspec doctor` prints for the installed release."""
     cpu, gpu = cpu_evidence(), gpu_evidence()
-    lines = ["| SGLang | worker path | topk | activation | CPU-tested | GPU-tested (H200) |",
-             "|---|---|---|---|---|---|"]
+    rows = []
     for rel in RELEASES:
         act = "startup hook (.pth)" if _v(rel) < (0, 5, 11) else "plugin entry point"
         env = cpu.get(rel)
@@ -94,14 +95,33 @@ def table() -> str:
             else:
                 t = env.get("adapters", {}).get(path, {})
                 c = f"yes ({t.get('passed', 0)} adapter tests{_torch_note(env)})" if t.get("passed") and not t.get("failed") else "FAILING" if t.get("failed") else "no"
-            g = gpu.get((rel, path, topk))
-            gtxt = "yes: " + ", ".join(sorted(set(g))) if g else "no"
-            lines.append(f"| {rel} | {path} | {topk} | {act} | {c} | {gtxt} |")
+            rows.append({"sglang": rel, "path": path, "topk": topk, "activation": act, "cpu": c,
+                         "gpu": sorted(set(gpu.get((rel, path, topk), [])))})
+    return rows
+
+
+def table() -> str:
+    lines = ["| SGLang | worker path | topk | activation | CPU-tested | GPU-tested (H200) |",
+             "|---|---|---|---|---|---|"]
+    for r in matrix():
+        gtxt = "yes: " + ", ".join(r["gpu"]) if r["gpu"] else "no"
+        lines.append(f"| {r['sglang']} | {r['path']} | {r['topk']} | {r['activation']} | {r['cpu']} | {gtxt} |")
     return "\n".join(lines)
 
 
+PACKAGED = ROOT / "src" / "sglang_dynspec" / "data" / "support-matrix.json"
+
+
 def main(argv=None) -> int:
-    return readme_block.main("support-matrix", table, argv)
+    argv = sys.argv[1:] if argv is None else argv
+    rc = readme_block.main("support-matrix", table, argv)
+    data = json.dumps(matrix(), indent=1) + "\n"
+    if "--write" in argv:
+        PACKAGED.write_text(data)
+    elif "--check" in argv and (not PACKAGED.exists() or PACKAGED.read_text() != data):
+        print(f"{PACKAGED.relative_to(ROOT)} is stale: run python benchmarks/support_matrix.py --write", file=sys.stderr)
+        rc = 1
+    return rc
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # Device driver for the GPU machine: unpack the SGLang bundle, install our wheel, run one harness
 # command, leave results + compressed server logs in $OUT (≤ 8 files come back), print a table.
 #
-# Usage, from the repository root:
+# Usage, from the repository root, after `python3 benchmarks/device/prepare.py` (wheel in dist/,
+# bundle and size checks):
 #   bash benchmarks/device/run_sweep.sh [sweep|trace|fuzz|offstep|pytest] [args...]
 # With no arguments: `sweep --preset first-h200`.  `pytest` runs the GPU tests (tests/gpu, args go to
 # pytest) with the same SGLang + wheel setup; its report and logs come back in <name>-logs.tar.xz.
@@ -107,7 +108,7 @@ if [ ${#WHEELS[@]} -gt 0 ]; then
   PYPATH=$PKG:$PYPATH
   note "installed: $(cd "$REPO/dist" && ls *.whl | tr '\n' ' ')"
 else
-  note "WARNING: no dist/*.whl: dynspec modes will run without the plugin"
+  note "WARNING: no dist/*.whl (python3 benchmarks/device/prepare.py builds it): dynspec modes will run without the plugin"
 fi
 record_phase install_dynspec "$(elapsed "$t")"
 export PYTHONPATH=$PYPATH:$REPO

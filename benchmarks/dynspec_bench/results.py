@@ -6,9 +6,11 @@ import contextlib
 import datetime as _dt
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -192,10 +194,38 @@ def finish(path: str | Path, record: dict) -> Path:
     return write_json(path, record)
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TMP_PLACEHOLDER = "<tmp>"
+# Not inside another path or word: /var/tmp/x stays as it is.
+_START = r"(?<![\w.\-/<>])"
+
+
+def portable_text(text: str, roots=(REPO_ROOT,)) -> str:
+    """Paths of the machine that ran, made comparable across machines: under the repository
+    relative to it, under the temp directory as ``<tmp>/...``."""
+    for root in sorted({str(r).rstrip("/") for r in roots}, key=len, reverse=True):
+        text = re.sub(_START + re.escape(root) + "/", "", text)
+        text = re.sub(_START + re.escape(root) + r"(?![\w.\-/])", ".", text)
+    for tmp in {"/tmp", tempfile.gettempdir().rstrip("/")}:
+        text = re.sub(_START + re.escape(tmp) + "/", TMP_PLACEHOLDER + "/", text)
+    return text
+
+
+def portable(value, roots=(REPO_ROOT,)):
+    """``portable_text`` on every string of a record (keys are names, never paths)."""
+    if isinstance(value, str):
+        return portable_text(value, roots)
+    if isinstance(value, dict):
+        return {k: portable(v, roots) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, roots) for v in value]
+    return value
+
+
 def write_json(path: str | Path, record: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=False, default=str) + "\n")
+    tmp.write_text(json.dumps(portable(record), indent=1, sort_keys=False, default=str) + "\n")
     os.replace(tmp, path)
     return path

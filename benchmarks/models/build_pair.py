@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks.models` importa
 
 import torch  # noqa: E402
 
+from benchmarks.dynspec_bench.results import portable  # noqa: E402
 from benchmarks.models import pair_corpus as corpus  # noqa: E402
 from benchmarks.models.pair_export import padded_state, param_count, save_draft, save_target  # noqa: E402
 from benchmarks.models.pair_model import Eagle3Draft, LlamaShape, TargetLM  # noqa: E402
@@ -91,7 +92,8 @@ class Manifest:
         self.data["phase_seconds"][name] = secs
         self.data.update(facts)
         self.data["elapsed_s"] = round(time.perf_counter() - self.t0, 2)
-        self.path.write_text(json.dumps(self.data, indent=2) + "\n")
+        # committed beside the results: the paths as the harness writes them (results.portable)
+        self.path.write_text(json.dumps(portable(self.data), indent=2) + "\n")
         print(f"[build_pair +{self.data['elapsed_s']:.1f}s] {name}: {secs:.2f}s", flush=True)
 
 

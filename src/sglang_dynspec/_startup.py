@@ -2,8 +2,9 @@
 
 Installed as ``sglang_dynspec_startup.pth`` at the root of site-packages, so it runs in every
 interpreter, spawned scheduler processes included.  The .pth line imports this module only
-when SGLANG_DYNSPEC_ENABLED or SGLANG_DYNSPEC_CONFIG is set.  Nothing is patched until
-SGLang imports the modules that hold the hook targets.
+when SGLANG_DYNSPEC_ENABLED or SGLANG_DYNSPEC_CONFIG is set; ``gate.wanted`` then decides, as
+for the plugin entry point.  Nothing is validated or patched until SGLang imports the modules
+that hold the hook targets.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib.util
 import sys
 
 _installed = False
+_held = False  # set by hold(): SGLang may be imported here without activating
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):
@@ -54,31 +56,37 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    from . import gate
+
+    if not gate.wanted():
+        return
     from . import compat
 
     if compat.sglang_version() is None or compat.has_plugin_framework():
         return  # SGLang >= 0.5.11 loads the sglang.srt.plugins entry point itself
-    from .activation import ActivationError, planned_hooks
+    from .activation import planned_hooks
 
     pending: dict[str, list] = {}
     for h in planned_hooks():
         module = h.target.rsplit(".", 2)[0]
         pending.setdefault(module, []).append(h)
 
-    state = {"activated": False}
+    state = {"activated": False, "enabled": False}
 
     def on_loaded(name: str) -> None:
+        if _held:
+            return
         from . import activation
 
         if not state["activated"]:
-            # Validates settings (fails the process loudly) and records them for the hooks.
+            # Deferred to SGLang's own import, so that other Python programs run in this
+            # environment are not stopped by a bad setting.  The same activate() as the
+            # plugin entry point: validation, trace file and log level included.
             state["activated"] = True
-            _activate_without_patching()
-        for h in pending.get(name, ()):
-            try:
-                activation.patch_directly(h)
-            except Exception as e:
-                raise ActivationError(f"cannot wrap {h.target}: {type(e).__name__}: {e}") from None
+            state["enabled"] = activation.activate(install_hooks=False)
+        if state["enabled"]:
+            for h in pending.pop(name, ()):
+                activation.patch_checked(h)
 
     sys.meta_path.insert(0, _PatchAfterImport(set(pending), on_loaded))
     # Modules imported before this hook ran (rare: .pth files run first) are patched now.
@@ -87,17 +95,8 @@ def install() -> None:
             on_loaded(name)
 
 
-def _activate_without_patching() -> None:
-    from . import runtime
-    from .activation import ActivationError
-    from .config import load_settings
-    from .errors import ConfigError
-    from .policies import build_policy
-
-    try:
-        settings = load_settings().settings
-        if settings.enabled:
-            build_policy(settings.policy, settings.policy_args)
-    except ConfigError as e:
-        raise ActivationError(str(e)) from None
-    runtime.SETTINGS = settings
+def hold() -> None:
+    """Import SGLang in this process without activating (``sglang-dynspec doctor`` inspects it:
+    a bad setting must end up in its report, not stop it)."""
+    global _held
+    _held = True

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import compat, runtime
-from .config import load_settings
+from .config import LoadedSettings, validate
 from .errors import ActivationError, ConfigError
 
 logger = logging.getLogger("sglang_dynspec")
@@ -119,43 +119,64 @@ def install_with_registry(hooks: list[Hook]) -> None:
     HookRegistry.apply_hooks()
 
 
-def activate(environ=None) -> None:
-    """Validate settings and install every hook, or stop the process with one clear error."""
+def activate(environ=None, *, install_hooks: bool = True) -> bool:
+    """Validate, configure the runtime and put every hook in place; False when disabled.
+
+    Both routes come here: the plugin entry point (SGLang >= 0.5.11) and the startup hook of
+    0.5.9 / 0.5.10, which passes ``install_hooks=False`` because it wraps each target itself
+    (``patch_checked``) as SGLang imports its module.  Any problem stops the process with one
+    clear error (ActivationError).
+    """
     try:
-        loaded = load_settings(environ)
+        loaded = validate(environ)
     except ConfigError as e:
         raise ActivationError(str(e)) from None
     settings = loaded.settings
     if not settings.enabled:
-        return
+        return False
     problem = compat.support_problem()
     if problem:
         raise ActivationError(f"{problem}. Unset SGLANG_DYNSPEC_ENABLED to run without dynspec.")
-    # Build the policy once now so a bad name or bad arguments fail before serving.
-    from .policies import build_policy
-
-    try:
-        build_policy(settings.policy, settings.policy_args)
-    except ConfigError as e:
-        raise ActivationError(str(e)) from None
-    logging.getLogger("sglang_dynspec").setLevel(settings.log_level)
-    runtime.SETTINGS = settings
-    if settings.trace_file is not None:
-        from .metrics import TraceObserver
-        from .plugins import pm
-
-        pm.register(TraceObserver(settings.trace_file, int(settings.trace_max_mb * 1e6)), name="dynspec-trace")
+    configure(loaded)
     hooks = planned_hooks()
+    if not install_hooks:
+        logger.info("sglang-dynspec: active (policy %s); %d hooks wrap as SGLang imports them",
+                    settings.policy, len(hooks))
+        return True
     if compat.has_plugin_framework():
         install_with_registry(hooks)
     else:
         for h in hooks:
-            try:
-                patch_directly(h)
-            except Exception as e:
-                raise ActivationError(f"cannot wrap {h.target}: {type(e).__name__}: {e}") from None
+            patch_checked(h)
     problems = verify(hooks)
     if problems:
         raise ActivationError("hook targets missing on SGLang "
                               f"{compat.sglang_version()}:\n  " + "\n  ".join(problems))
     logger.info("sglang-dynspec: %d hooks in place (policy %s)", len(hooks), settings.policy)
+    return True
+
+
+def configure(loaded: LoadedSettings) -> None:
+    """Hand validated settings and their policy to the runtime: log level, decision trace."""
+    settings = loaded.settings
+    logging.getLogger("sglang_dynspec").setLevel(settings.log_level)
+    runtime.SETTINGS = settings
+    runtime.POLICY = loaded.policy
+    if settings.trace_file is not None:
+        from .metrics import TraceObserver
+        from .plugins import pm
+
+        if pm.get_plugin("dynspec-trace") is None:
+            pm.register(TraceObserver(settings.trace_file, int(settings.trace_max_mb * 1e6)), name="dynspec-trace")
+
+
+def patch_checked(hook: Hook) -> None:
+    """Wrap one target by hand (no HookRegistry) or stop the process."""
+    try:
+        patch_directly(hook)
+    except Exception as e:
+        raise ActivationError(f"cannot wrap {hook.target}: {type(e).__name__}: {e}") from None
+    problems = verify([hook])
+    if problems:
+        raise ActivationError("hook target missing on SGLang "
+                              f"{compat.sglang_version()}:\n  " + "\n  ".join(problems))

@@ -1,4 +1,5 @@
-"""``sglang-dynspec``: doctor, config, policies."""
+"""sglang-dynspec: check an installation (doctor), show the settings (config), list the
+policies, and replay policies on recorded step costs (CPU only)."""
 
 from __future__ import annotations
 
@@ -9,89 +10,230 @@ import sys
 from . import __version__
 
 
+def _kernel_note(errors: list[BaseException], v) -> str | None:
+    """Why SGLang's workers cannot be imported here, when its kernel package is the cause."""
+    for e in errors:
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == "sgl_kernel":
+            req = _sglang_requirement("sgl-kernel", "sglang-kernel")
+            return (f"SGLang's kernel package (sgl_kernel{', ' + req if req else ''}) is not installed; "
+                    f"`pip install sglang=={v}` with its dependencies brings it (it then needs a CUDA driver)")
+        if "libcuda" in str(e):
+            return ("sgl_kernel is installed but needs the CUDA driver (libcuda.so.1), absent here: "
+                    "these targets can only resolve on a GPU server")
+    return None
+
+
+def _sglang_requirement(*names: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        reqs = requires("sglang") or []
+    except PackageNotFoundError:
+        return None
+    for r in reqs:
+        if r.split(";")[0].strip().lower().startswith(names) and "extra" not in r:
+            return r.split(";")[0].strip()
+    return None
+
+
+class _Captured:
+    """Collects what importing SGLang prints (warnings, log lines, C-level output), so that
+    doctor's report stays readable; ``--verbose`` shows it."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def __enter__(self):
+        import io
+        import os
+        import tempfile
+        import warnings
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._warn = warnings.catch_warnings(record=True)
+        self._records = self._warn.__enter__()
+        warnings.simplefilter("always")
+        self._py = io.StringIO()
+        self._saved_py = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = self._py
+        self._tmp = tempfile.TemporaryFile(mode="w+b")
+        self._saved_fd = []
+        for fd in (1, 2):
+            try:
+                self._saved_fd.append((fd, os.dup(fd)))
+                os.dup2(self._tmp.fileno(), fd)
+            except OSError:  # no such descriptor (embedded interpreters)
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        import os
+
+        for fd, saved in self._saved_fd:
+            os.dup2(saved, fd)
+            os.close(saved)
+        sys.stdout, sys.stderr = self._saved_py
+        self._warn.__exit__(*exc)
+        self._tmp.seek(0)
+        text = self._tmp.read().decode(errors="replace") + self._py.getvalue()
+        self._tmp.close()
+        self.lines = [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in self._records]
+        self.lines += [line for line in text.splitlines() if line.strip()]
+        return False
+
+
+def _describe_adapter(path: str, verbose: bool) -> str:
+    import importlib
+
+    try:
+        desc = importlib.import_module(f"sglang_dynspec.adapters.{path}").describe()
+    except ImportError as e:
+        return f"not available ({e})"
+    if verbose:
+        return repr(desc)
+    problem = desc.get("reason") or desc.get("error")
+    if problem or desc.get("available") is False:
+        return f"not available ({problem})"
+    if path == "spec_v2":
+        graphs = desc.get("offstep_graphs")
+        return (f"ready: input {desc.get('input')}, topk > 1 {'yes' if desc.get('topk_gt_1') else 'no (v1 worker)'}, "
+                f"off-step graphs {'yes' if str(graphs).startswith('capture') else 'no: ' + str(graphs)}")
+    return f"ready: draft-extend layout {desc.get('draft_extend_layout')}"
+
+
+def _support_matrix() -> list[dict]:
+    """The README's support matrix, packaged with the wheel (benchmarks/support_matrix.py)."""
+    from importlib.resources import files
+
+    return json.loads(files("sglang_dynspec.data").joinpath("support-matrix.json").read_text())
+
+
+def _matrix_rows(v) -> list[str]:
+    """The support-matrix rows of the installed release."""
+    rows = _support_matrix()
+    tested = sorted({r["sglang"] for r in rows}, key=lambda x: tuple(int(p) for p in x.split(".")))
+    mine = [r for r in rows if r["sglang"] == v.base_version]
+    if not mine:
+        return [f"tested: SGLang {v.base_version} is not a row of the support matrix "
+                f"(releases tested: {', '.join(tested)})"]
+    return [f"tested: {r['path']} topk {r['topk']}: CPU {r['cpu']}, GPU (H200) "
+            f"{'yes (' + ', '.join(r['gpu']) + ')' if r['gpu'] else 'no'}" for r in mine]
+
+
+def _server_start(loaded) -> str:
+    from . import gate
+
+    if not gate.wanted():
+        return f"server start: plugin off ({gate.why()})"
+    s = loaded.settings
+    if not s.enabled:
+        return f"server start: plugin off (enabled = False, {loaded.sources['enabled']})"
+    return f"server start: plugin on, policy {s.policy!r} ({gate.why()})"
+
+
 def _doctor(args) -> int:
-    from . import compat
-    from .config import load_settings
+    import os
+    import site
+
+    from . import _startup, compat
+    from .config import validate
     from .errors import ConfigError
 
+    # This process only inspects SGLang: a bad setting goes into the report instead of the
+    # startup hook (0.5.9 / 0.5.10) stopping the process when SGLang is imported.
+    _startup.hold()
+    problems: list[str] = []
     v = compat.sglang_version()
-    ok = True
-    print(f"sglang-dynspec {__version__}")
-    print(f"Python {sys.version.split()[0]}")
-    print(f"SGLang: {v if v else 'not installed'}")
-    problem = compat.support_problem(v)
-    if problem:
-        print(f"  UNSUPPORTED: {problem}")
-        ok = False
-    if v is not None:
-        fw = compat.has_plugin_framework(v)
-        print(f"  activation: {'plugin entry point (sglang.srt.plugins)' if fw else 'startup hook (.pth, no plugin framework)'}")
-        if fw:
-            try:
-                from importlib.metadata import entry_points
+    print(f"sglang-dynspec {__version__} (Python {sys.version.split()[0]})")
+    supported = f"{compat.MIN_SUPPORTED} to {compat.MAX_SUPPORTED}"
+    if v is None:
+        gpu = sorted({r["sglang"] for r in _support_matrix() if r["gpu"]})
+        print(f"SGLang: not installed; install a supported release ({supported}) beside sglang-dynspec, "
+              f"e.g. pip install 'sglang=={gpu[-1] if gpu else compat.MAX_SUPPORTED}'"
+              + (f" (GPU-tested: {', '.join(gpu)})" if gpu else ""))
+        problems.append("SGLang is not installed")
+    else:
+        problem = compat.support_problem(v)
+        print(f"SGLang: {v}" + (f" (UNSUPPORTED: {problem})" if problem else f" (supported: {supported})"))
+        if problem:
+            problems.append(problem)
+        if compat.has_plugin_framework(v):
+            from importlib.metadata import entry_points
 
-                eps = [e for e in entry_points(group="sglang.srt.plugins") if e.value.startswith("sglang_dynspec")]
-                print(f"  entry point: {'found: ' + eps[0].value if eps else 'MISSING (reinstall sglang-dynspec)'}")
-                ok &= bool(eps)
-            except Exception as e:  # pragma: no cover
-                print(f"  entry point: error {e}")
+            eps = [e for e in entry_points(group="sglang.srt.plugins") if e.value.startswith("sglang_dynspec")]
+            print(f"  activation: plugin entry point (sglang.srt.plugins): "
+                  f"{'found: ' + eps[0].value if eps else 'MISSING'}")
+            if not eps:
+                problems.append("the sglang.srt.plugins entry point is missing: reinstall sglang-dynspec")
         else:
-            import site
-            import os
-
             dirs = site.getsitepackages() + [site.getusersitepackages()]
             pth = [d for d in dirs if os.path.exists(os.path.join(d, "sglang_dynspec_startup.pth"))]
-            print(f"  startup hook: {'found in ' + pth[0] if pth else 'MISSING (reinstall sglang-dynspec)'}")
-            ok &= bool(pth)
+            print(f"  activation: startup hook (.pth, no plugin framework): {'found in ' + pth[0] if pth else 'MISSING'}")
+            if not pth:
+                problems.append("the startup hook sglang_dynspec_startup.pth is missing: reinstall sglang-dynspec")
         print(f"  worker paths: v1 EAGLEWorker {'present' if compat.has_v1_worker(v) else 'absent'}; "
               f"spec_v2 EAGLEWorkerV2 takes {'ScheduleBatch' if compat.v2_takes_schedule_batch(v) else 'ModelWorkerBatch'}")
-    if v is not None and not problem:
+        for line in _matrix_rows(v):
+            print(f"  {line}")
+    if v is not None and not compat.support_problem(v):
         from .activation import planned_hooks
 
         print("hook targets:")
-        no_cuda = False
-        for h in planned_hooks(v):
-            try:
-                compat.resolve(h.target)
-                state = "resolves"
-            except Exception as e:
-                state = f"MISSING ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
-                ok = False
-                if "sgl_kernel" in str(e) or "libcuda" in str(e):
-                    no_cuda = True
+        errors: list[BaseException] = []
+        with _Captured() as cap:
+            states = []
+            for h in planned_hooks(v):
+                try:
+                    compat.resolve(h.target)
+                    states.append((h, "resolves"))
+                except Exception as e:
+                    errors.append(e)
+                    states.append((h, f"MISSING ({type(e).__name__}: {str(e).splitlines()[0][:120]})"))
+            paths = [p for p in ("v1", "spec_v2") if p != "v1" or compat.has_v1_worker(v)]
+            adapters = [(p, _describe_adapter(p, args.verbose)) for p in paths]
+        for h, state in states:
             print(f"  [{h.kind:6}] {h.target}: {state}")
-        if no_cuda:
-            print("  note: SGLang's kernels (sgl_kernel) need the CUDA driver; on a machine without one its"
-                  " workers cannot be imported, so these targets can only resolve on a GPU server")
-        for path in ("v1", "spec_v2"):
-            if path == "v1" and not compat.has_v1_worker(v):
-                continue
-            try:
-                import importlib
-
-                mod = importlib.import_module(f"sglang_dynspec.adapters.{path}")
-                desc = mod.describe() if hasattr(mod, "describe") else {"forward_off": hasattr(mod, "forward_off")}
-            except ImportError as e:
-                desc = f"adapter not available ({e})"
-            print(f"  adapter {path}: {desc}")
+        if errors:
+            problems.append(f"{len(errors)} hook target(s) do not resolve")
+            note = _kernel_note(errors, v)
+            if note:
+                print(f"  note: {note}")
+        print("adapters:")
+        for p, desc in adapters:
+            print(f"  {p}: {desc}")
+        if cap.lines:
+            if args.verbose:
+                print("output of SGLang's import:")
+                for line in cap.lines:
+                    print(f"  {line}")
+            else:
+                print(f"(SGLang's import printed {len(cap.lines)} warning/log lines, not shown: --verbose shows them)")
+    loaded = None
     try:
-        loaded = load_settings()
+        loaded = validate()
+    except ConfigError as e:
+        print("config: INVALID (server start refuses it)")
+        print("  " + str(e).replace("\n", "\n  "))
+        problems.append("invalid settings")
+    if loaded is not None:
         print("effective config:")
         for name, value, src in loaded.rows():
             print(f"  {name} = {value!r}  [{src}]")
-    except ConfigError as e:
-        print(f"config: INVALID\n  {e}")
-        ok = False
-    print("status:", "OK" if ok else "PROBLEMS FOUND")
-    return 0 if ok else 1
+        print(_server_start(loaded))
+    if problems:
+        print(f"status: PROBLEMS FOUND ({'; '.join(problems)})")
+        return 1
+    print("status: OK")
+    return 0
 
 
 def _config(args) -> int:
-    from .config import load_settings
+    from .config import validate
     from .errors import ConfigError
 
     try:
-        loaded = load_settings()
+        loaded = validate()
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
@@ -102,6 +244,7 @@ def _config(args) -> int:
         width = max(len(n) for n, _, _ in loaded.rows())
         for name, value, src in loaded.rows():
             print(f"{name:<{width}}  {value!r:<30}  {src}")
+        print(_server_start(loaded))
     return 0
 
 
@@ -248,9 +391,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="sglang-dynspec", description=__doc__)
     p.add_argument("--version", action="version", version=__version__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("doctor", help="check the installed SGLang, hook targets and config").set_defaults(fn=_doctor)
-    c = sub.add_parser("config", help="effective settings and where each came from")
-    c.add_argument("--json", action="store_true")
+    d = sub.add_parser("doctor", help="check the installed SGLang, hook targets and settings, as server start would")
+    d.add_argument("-v", "--verbose", action="store_true",
+                   help="also the adapters' full descriptions and what importing SGLang printed")
+    d.set_defaults(fn=_doctor)
+    c = sub.add_parser("config", help="validate the settings as server start does; each value and where it came from")
+    c.add_argument("--json", action="store_true", help="machine-readable: {setting: {value, source}}")
     c.set_defaults(fn=_config)
     sub.add_parser("policies", help="registered policies, third-party ones included").set_defaults(fn=_policies)
     r = sub.add_parser(

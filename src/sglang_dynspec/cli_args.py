@@ -10,8 +10,6 @@ import argparse
 import json
 import os
 
-ENV_PREFIX = "SGLANG_DYNSPEC_"  # same as config.ENV_PREFIX; config (pydantic) loads only when used
-
 _registered = False
 
 
@@ -24,12 +22,12 @@ def dest_name(field: str) -> str:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    from .config import FIELDS, DynspecSettings
+    from .config import FIELDS, DynspecSettings, env_name
 
     group = parser.add_argument_group("sglang-dynspec", "Dynamic speculative decoding (sglang-dynspec plugin)")
     for field in FIELDS:
         info = DynspecSettings.model_fields[field]
-        kw = dict(dest=dest_name(field), default=None, help=f"{info.description} (env {ENV_PREFIX}{field.upper()})")
+        kw = dict(dest=dest_name(field), default=None, help=f"{info.description.replace('`', '')} (env {env_name(field)})")
         if info.annotation is bool:
             kw.update(nargs="?", const="true", metavar="BOOL")
         group.add_argument(flag_name(field), **kw)
@@ -37,7 +35,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 def export_flags(args: argparse.Namespace, environ=None) -> dict[str, str]:
     """Copy given --dynspec-* values into the environment; returns what was set."""
-    from .config import FIELDS
+    from .config import FIELDS, env_name
 
     environ = os.environ if environ is None else environ
     set_: dict[str, str] = {}
@@ -47,7 +45,7 @@ def export_flags(args: argparse.Namespace, environ=None) -> dict[str, str]:
             continue
         if not isinstance(value, str):
             value = json.dumps(value)
-        environ[ENV_PREFIX + field.upper()] = value
+        environ[env_name(field)] = value
         set_[field] = value
     return set_
 
@@ -58,16 +56,17 @@ def _after_add_cli_args(result, parser, *args, **kwargs):
 
 
 def _around_from_cli_args(original, cls, args, *rest, **kwargs):
-    from .config import load_settings
+    from . import gate
+    from .config import validate
     from .errors import ActivationError, ConfigError
 
     given = export_flags(args)
     settings = None
-    if given or os.environ.get(ENV_PREFIX + "ENABLED") or os.environ.get(ENV_PREFIX + "CONFIG"):
+    if given or gate.wanted():
         try:
-            settings = load_settings().settings
-        except ConfigError as e:
             # raised in the launcher, before anything is served
+            settings = validate().settings
+        except ConfigError as e:
             raise ActivationError(str(e).replace(" (env ", " (flag/env ")) from None
     server_args = original(cls, args, *rest, **kwargs)
     if settings is not None and settings.enabled:

@@ -10,11 +10,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from . import gate
 from .errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -25,12 +26,25 @@ else:  # pragma: no cover - Python 3.10
 ENV_PREFIX = "SGLANG_DYNSPEC_"
 
 
+def _flag(v: Any) -> Any:
+    # The activation gate's parser, so that no spelling enables one and not the other.
+    if isinstance(v, str):
+        parsed = gate.parse_bool(v)
+        if parsed is None:
+            raise ValueError(f"not a boolean; use {gate.SPELLINGS}")
+        return parsed
+    return v
+
+
+Flag = Annotated[bool, BeforeValidator(_flag)]
+
+
 class DynspecSettings(BaseSettings):
     """Every knob of sglang-dynspec.  Field docs double as CLI help."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
-    enabled: bool = Field(False, description="Turn the plugin on (it does nothing otherwise).")
+    enabled: Flag = Field(False, description="Turn the plugin on (it does nothing otherwise).")
     config: Path | None = Field(None, description="Path of a TOML file with these settings.")
     policy: str = Field(
         "goodput",
@@ -57,7 +71,7 @@ class DynspecSettings(BaseSettings):
         le=1_000_000,
         description="Decode steps between agreements of cost tables across tensor-parallel ranks.",
     )
-    offstep_graphs: bool = Field(
+    offstep_graphs: Flag = Field(
         True, description="Capture CUDA graphs for off-steps where the worker path supports it."
     )
     offstep_draft_sync: Literal["light", "full"] = Field(
@@ -68,7 +82,7 @@ class DynspecSettings(BaseSettings):
             "step before speculating again; `full` runs the draft-extend forward on every off-step."
         ),
     )
-    metrics: bool = Field(
+    metrics: Flag = Field(
         True, description="Export dynspec metrics on SGLang's Prometheus endpoint (--enable-metrics)."
     )
     stats_dir: Path | None = Field(
@@ -163,11 +177,15 @@ def _parse_env_field(field: str, raw: str) -> Any:
 
 
 class LoadedSettings:
-    """The validated settings plus where each value came from ("env", "file <path>", "default")."""
+    """The validated settings plus where each value came from ("env", "file <path>", "default").
+
+    ``policy`` is the policy built from them, once :func:`validate` has run.
+    """
 
     def __init__(self, settings: DynspecSettings, sources: dict[str, str]):
         self.settings = settings
         self.sources = sources
+        self.policy: Any = None
 
     def rows(self) -> list[tuple[str, Any, str]]:
         return [(f, getattr(self.settings, f), self.sources[f]) for f in FIELDS]
@@ -201,18 +219,33 @@ def load_settings(environ: dict[str, str] | None = None) -> LoadedSettings:
             field = str(err["loc"][0]) if err["loc"] else "?"
             where = sources.get(field, "?")
             loc = ".".join(str(p) for p in err["loc"])
-            lines.append(f"{loc} ({where}): {err['msg']} (got {err.get('input')!r})")
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{loc} ({where}): {msg} (got {err.get('input')!r})")
         raise ConfigError("invalid sglang-dynspec settings:\n  " + "\n  ".join(lines)) from None
     return LoadedSettings(settings, sources)
 
 
-def is_enabled_cheap(environ: dict[str, str] | None = None) -> bool:
-    """Whether dynspec might be on, without validating anything (used on hot start paths)."""
-    env = os.environ if environ is None else environ
-    flag = env.get("SGLANG_DYNSPEC_ENABLED", "")
-    if flag.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if flag.strip().lower() in ("0", "false", "no", "off"):
-        return False
-    # Enabled from a config file: only then is the file worth reading.
-    return bool(env.get("SGLANG_DYNSPEC_CONFIG"))
+def validate(environ: dict[str, str] | None = None) -> LoadedSettings:
+    """Everything server start checks before serving: the settings, the installed plugins and
+    the policy built from its name and arguments.
+
+    The one validation behind activation, ``sglang-dynspec config`` and ``doctor``; raises
+    ConfigError naming each bad value's field and source.
+    """
+    loaded = load_settings(environ)
+    from .plugins import load_plugins
+    from .policies import build_policy
+
+    # Entry-point plugins load whatever the policy: their observers are called for any policy.
+    load_plugins()
+    s, src = loaded.settings, loaded.sources
+    try:
+        loaded.policy = build_policy(s.policy, s.policy_args)
+    except ConfigError as e:
+        fields = f"policy {s.policy!r} ({src['policy']})"
+        if s.policy_args:
+            fields += f", policy_args ({src['policy_args']})"
+        # build_policy's own "policy ('x'): " prefix would repeat the field named here
+        detail = str(e).removeprefix(f"policy ({s.policy!r}): ").replace("\n", "\n  ")
+        raise ConfigError(f"invalid sglang-dynspec settings:\n  {fields}: {detail}") from None
+    return loaded

@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
 
-
-def _wanted() -> bool:
-    # The same gate as config.is_enabled_cheap, without importing anything (disabled = one env read).
-    flag = os.environ.get("SGLANG_DYNSPEC_ENABLED", "").strip().lower()
-    if flag in ("1", "true", "yes", "on"):
-        return True
-    if flag in ("0", "false", "no", "off"):
-        return False
-    return bool(os.environ.get("SGLANG_DYNSPEC_CONFIG"))
+from . import gate
 
 
 def register() -> None:
@@ -23,7 +14,7 @@ def register() -> None:
     (a missing dependency included) must stop the server instead of leaving it running
     without the wrappers, so it is re-raised as ActivationError (a SystemExit).
     """
-    wanted = _wanted()
+    wanted = gate.wanted()
     try:
         from . import cli_args
 

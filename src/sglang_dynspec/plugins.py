@@ -10,6 +10,7 @@ from typing import Any, Callable
 import pluggy
 
 from . import hookspecs
+from .errors import ConfigError
 
 ENTRY_POINT_GROUP = "sglang_dynspec"
 BUILTIN_PLUGINS = ("sglang_dynspec.policies.builtin",)
@@ -31,7 +32,11 @@ def load_plugins() -> None:
             mod = importlib.import_module(name)
             if not pm.is_registered(mod):
                 pm.register(mod, name=name)
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        try:
+            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        except Exception as e:
+            raise ConfigError(f"plugins (entry-point group {ENTRY_POINT_GROUP!r}): one cannot be loaded: "
+                              f"{type(e).__name__}: {e}") from e
         _loaded = True
 
 

@@ -68,6 +68,7 @@ class WorkerState:
 
 STATE: WorkerState | None = None
 SETTINGS: DynspecSettings | None = None  # set by activation before any hook can run
+POLICY: Any = None  # the policy activation built and validated from SETTINGS (one per process)
 
 
 def _load_adapter(path: str):
@@ -112,23 +113,10 @@ def attach(scheduler: Any) -> WorkerState | None:
     if worker is None or algo is None or not algo.is_eagle():
         raise ActivationError(f"no EAGLE worker in this scheduler (draft worker: {type(worker).__name__}); "
                               "nothing to control")
-    from .plugins import pm
-    from .policies import build_policy
-
-    policy = build_policy(settings.policy, settings.policy_args)
     tp_rank = int(getattr(scheduler, "tp_rank", 0) or 0)
     tp_size = int(getattr(scheduler, "tp_size", 1) or 1)
-    ctl = Controller(
-        policy,
-        safe_mode_on=settings.safe_mode == "on",
-        deadline_s=settings.policy_deadline_ms / 1e3,
-        deadline_strikes=settings.policy_deadline_strikes,
-        sync_interval=settings.sync_interval_steps,
-        tp_rank=tp_rank,
-        tp_size=tp_size,
-        agree=_agree_fn(scheduler) if tp_size > 1 else None,
-        hook=pm.hook if _has_observers(pm) else None,
-    )
+    ctl = new_controller(tp_rank=tp_rank, tp_size=tp_size,
+                         agree=_agree_fn(scheduler) if tp_size > 1 else None)
     path = compat.worker_path(worker)
     adapter = _load_adapter(path)
     st = WorkerState(settings, ctl, scheduler, worker, path, adapter)
@@ -168,8 +156,34 @@ def attach(scheduler: Any) -> WorkerState | None:
     return st
 
 
+def new_controller(tp_rank: int = 0, tp_size: int = 1, agree=None) -> Controller:
+    """A controller for the settings and policy activation validated, with every installed observer."""
+    from .plugins import pm
+
+    settings = SETTINGS
+    if settings is None or POLICY is None:
+        from .errors import ActivationError
+
+        raise ActivationError("no policy: sglang_dynspec.activation.activate() has not run in this process")
+    return Controller(
+        POLICY,
+        safe_mode_on=settings.safe_mode == "on",
+        deadline_s=settings.policy_deadline_ms / 1e3,
+        deadline_strikes=settings.policy_deadline_strikes,
+        sync_interval=settings.sync_interval_steps,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        agree=agree,
+        hook=pm.hook if _has_observers(pm) else None,
+    )
+
+
+OBSERVER_HOOKS = ("dynspec_decision", "dynspec_switch", "dynspec_policy_failed")
+
+
 def _has_observers(pm) -> bool:
-    return bool(pm.hook.dynspec_decision.get_hookimpls() or pm.hook.dynspec_switch.get_hookimpls())
+    # Without observers the controller skips the per-step hook calls altogether.
+    return any(getattr(pm.hook, name).get_hookimpls() for name in OBSERVER_HOOKS)
 
 
 # --- hooks ------------------------------------------------------------------------------

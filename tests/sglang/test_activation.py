@@ -4,7 +4,9 @@ SGLang's load_plugins() runs once per process and HookRegistry is class-global, 
 scenario runs in its own interpreter (which is also how SGLang's processes see us).
 """
 
+import importlib.metadata
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -20,8 +22,8 @@ FRAMEWORK = Version("0.5.11")
 
 def run_py(code: str, env_extra: dict, timeout=240) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DYNSPEC_")}
-    env.update(env_extra)
     env["PYTHONWARNINGS"] = "ignore"
+    env.update(env_extra)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -47,6 +49,21 @@ CHECK = """
         "settings": runtime.SETTINGS.policy if runtime.SETTINGS else None,
     }))
 """
+
+
+def start(sglang_version) -> str:
+    """What server start runs in every SGLang process, by activation route."""
+    if sglang_version >= FRAMEWORK:
+        return "from sglang.srt.plugins import load_plugins\nload_plugins()\n"
+    return "import sglang.srt.managers.scheduler  # the startup hook activates when SGLang is imported\n"
+
+
+def _installed(dist):
+    try:
+        importlib.metadata.distribution(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 def result(proc):
@@ -83,17 +100,6 @@ def test_disabled_plugin_wraps_nothing(sglang_version):
         }))
     """
     assert result(run_py(code, {})) == {"wrapped": False, "config_loaded": False}
-
-
-def test_bad_config_stops_the_process_with_one_message(sglang_version):
-    if sglang_version < FRAMEWORK:
-        pytest.skip("no plugin framework before 0.5.11")
-    code = "from sglang.srt.plugins import load_plugins\nload_plugins()\nprint('SERVED')"
-    p = run_py(code, {"SGLANG_DYNSPEC_ENABLED": "1", "SGLANG_DYNSPEC_POLICY": "threshold",
-                      "SGLANG_DYNSPEC_POLICY_ARGS": '{"n": -2}'})
-    assert p.returncode != 0 and "SERVED" not in p.stdout
-    assert "sglang-dynspec: invalid arguments for policy 'threshold'" in p.stderr
-    assert "policy_args.n" in p.stderr
 
 
 def test_missing_target_fails_loudly(sglang_version):
@@ -198,3 +204,109 @@ def test_startup_hook_cost_when_disabled():
     """Without the env var the .pth line does not import sglang_dynspec at all."""
     p = run_py("import sys; print('RESULT', '{\"loaded\": %s}' % str('sglang_dynspec' in sys.modules).lower())", {})
     assert result(p)["loaded"] is False
+
+
+BAD_SETTINGS = [
+    {"SGLANG_DYNSPEC_POLICY": "doesnotexist"},
+    {"SGLANG_DYNSPEC_POLICY": "threshold", "SGLANG_DYNSPEC_POLICY_ARGS": '{"n": -3}'},
+    {"SGLANG_DYNSPEC_POLICY": "no_such_pkg_dynspec.mod:Class"},
+    {"SGLANG_DYNSPEC_ENABLED": "maybe"},
+]
+
+
+@pytest.mark.parametrize("env", BAD_SETTINGS, ids=["unknown-policy", "bad-args", "unimportable", "enabled-maybe"])
+def test_server_start_refuses_what_config_refuses_with_the_same_message(sglang_version, env):
+    env = {"SGLANG_DYNSPEC_ENABLED": "1", **env}
+    cfg = run_py("from sglang_dynspec.cli import main; raise SystemExit(main(['config']))", env)
+    assert cfg.returncode == 2, cfg.stdout
+    served = run_py(start(sglang_version) + "print('SERVED')", env)
+    assert served.returncode != 0 and "SERVED" not in served.stdout
+    message = [line.strip() for line in cfg.stderr.splitlines() if line.strip()]
+    assert message and all(line in served.stderr for line in message), (message, served.stderr[-3000:])
+    assert "(env SGLANG_DYNSPEC_" in cfg.stderr  # the source is named
+
+
+def test_doctor_reports_a_bad_config_and_finishes(sglang_version):
+    p = run_py("from sglang_dynspec.cli import main; raise SystemExit(main(['doctor']))",
+               {"SGLANG_DYNSPEC_ENABLED": "1", "SGLANG_DYNSPEC_POLICY": "doesnotexist", "PYTHONWARNINGS": "default"})
+    lines = p.stdout.splitlines()
+    assert p.returncode == 1, p.stdout + p.stderr[-2000:]
+    assert "hook targets:" in lines and "adapters:" in lines
+    assert "config: INVALID (server start refuses it)" in lines
+    assert "policy 'doesnotexist' (env SGLANG_DYNSPEC_POLICY): unknown policy" in p.stdout
+    assert lines[-1].startswith("status: PROBLEMS FOUND")
+    # SGLang's import noise is summarised, not mixed in; one short line per adapter
+    assert "Warning" not in p.stderr and "warnings.warn" not in p.stdout
+    assert all(len(line) < 200 for line in lines if line.startswith("  v1:") or line.startswith("  spec_v2:"))
+    assert f"SGLang: {sglang_version}" in p.stdout and any(l.strip().startswith("tested:") for l in lines)
+
+
+@pytest.mark.parametrize("raw", ["y", "T", "on"])
+def test_every_accepted_spelling_activates(sglang_version, raw):
+    r = result(run_py(start(sglang_version) + textwrap.dedent(CHECK), {"SGLANG_DYNSPEC_ENABLED": raw}))
+    assert r["problems"] == [] and r["settings"] == "goodput"
+
+
+def test_disabled_spelling_wraps_nothing(sglang_version):
+    code = start(sglang_version) + textwrap.dedent("""
+        import json
+        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+        print("RESULT", json.dumps({"wrapped": hasattr(EAGLEWorkerV2.forward_batch_generation, "__wrapped__")}))
+    """)
+    assert result(run_py(code, {"SGLANG_DYNSPEC_ENABLED": "f"})) == {"wrapped": False}
+
+
+def test_trace_file_and_log_level_take_effect(sglang_version, tmp_path):
+    """Both activation routes run the same activate(): the decision trace and log level too."""
+    code = start(sglang_version) + textwrap.dedent("""
+        import json, logging
+        from sglang_dynspec import runtime
+        from sglang_dynspec.plugins import pm
+        trace = pm.get_plugin("dynspec-trace")
+        res = {"level": logging.getLogger("sglang_dynspec").level, "trace_observer": trace is not None}
+        if trace is not None:
+            ctl = runtime.new_controller()
+            for bs in (1, 2, 3):
+                ctl.on_decode(bs)
+            trace.close()
+        print("RESULT", json.dumps(res))
+    """)
+    env = {"SGLANG_DYNSPEC_ENABLED": "1", "SGLANG_DYNSPEC_POLICY": "never",
+           "SGLANG_DYNSPEC_TRACE_FILE": str(tmp_path / "dec.jsonl"), "SGLANG_DYNSPEC_LOG_LEVEL": "debug"}
+    assert result(run_py(code, env)) == {"level": logging.DEBUG, "trace_observer": True}
+    (trace,) = tmp_path.glob("dec.*.jsonl")
+    assert [json.loads(l)["bs"] for l in trace.read_text().splitlines()] == [1, 2, 3]
+
+
+FLAKY = """
+class Flaky:
+    name = "flaky"
+
+    def __init__(self, args):
+        pass
+
+    def decide(self, x):
+        if x.step == 2:
+            raise RuntimeError("boom")
+        return x.decode_bs < 3
+"""
+
+
+@pytest.mark.skipif(not (_installed("dynspec-observer-example") and _installed("dynspec-policy-example")),
+                    reason="the example plugins are not installed (tox installs them)")
+def test_observers_of_installed_plugins_are_called_for_any_policy(sglang_version, tmp_path):
+    """An observer-only plugin and a policy package's observer both run beside a module:Class policy."""
+    (tmp_path / "flaky_dynspec_policy.py").write_text(FLAKY)
+    code = start(sglang_version) + textwrap.dedent("""
+        import json
+        import dynspec_observer_example as obs, dynspec_policy_example as pol
+        from sglang_dynspec import runtime
+        ctl = runtime.new_controller()
+        for bs in (1, 5, 1, 1):
+            ctl.on_decode(bs)
+        print("RESULT", json.dumps({"failures": obs.FAILURES, "switches": pol.SWITCHES}))
+    """)
+    env = {"SGLANG_DYNSPEC_ENABLED": "1", "SGLANG_DYNSPEC_POLICY": "flaky_dynspec_policy:Flaky",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)}
+    r = result(run_py(code, env))
+    assert r == {"failures": [["flaky", "decide() raised RuntimeError: boom"]], "switches": [1, 2]}

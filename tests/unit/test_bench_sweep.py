@@ -12,7 +12,7 @@ pytest.importorskip("aiohttp")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import report  # noqa: E402
-from benchmarks.dynspec_bench import cli, sweep as sweep_mod  # noqa: E402
+from benchmarks.dynspec_bench import cli, results, sweep as sweep_mod  # noqa: E402
 from benchmarks.dynspec_bench.modes import ServerConfig, parse_mode  # noqa: E402
 from benchmarks.dynspec_bench.results import RESULT_SCHEMA, validate  # noqa: E402
 from benchmarks.dynspec_bench.server import ServerProcess  # noqa: E402
@@ -137,7 +137,7 @@ def test_cli_sweep_through_real_launcher(tmp_path, shim_env):
     rec = json.loads((tmp_path / "c.json").read_text())
     assert rec["modes"]["off"]["2"]["requests"] == 16
     assert "--max-total-tokens" in rec["flags"]["off"]["args"]
-    assert rec["command"].endswith("--stats-root " + str(tmp_path / "s"))
+    assert rec["command"].endswith("--stats-root " + results.portable_text(str(tmp_path / "s")))  # <tmp>/...
     assert not os.environ.get("DYNSPEC_COMMAND")
 
 

@@ -28,6 +28,78 @@ def test_config_error_exit_code(capsys, monkeypatch):
     assert "safe_mode (env SGLANG_DYNSPEC_SAFE_MODE)" in capsys.readouterr().err
 
 
+BAD_POLICY_SETTINGS = [
+    ({"SGLANG_DYNSPEC_POLICY": "doesnotexist"}, "policy 'doesnotexist' (env SGLANG_DYNSPEC_POLICY): unknown policy"),
+    ({"SGLANG_DYNSPEC_POLICY": "threshold", "SGLANG_DYNSPEC_POLICY_ARGS": '{"n": -3}'},
+     "policy_args (env SGLANG_DYNSPEC_POLICY_ARGS): invalid arguments for policy 'threshold'"),
+    ({"SGLANG_DYNSPEC_POLICY": "no_such_pkg_dynspec.mod:Class"},
+     "policy 'no_such_pkg_dynspec.mod:Class' (env SGLANG_DYNSPEC_POLICY): cannot import"),
+]
+
+
+@pytest.mark.parametrize("env, needle", BAD_POLICY_SETTINGS)
+def test_config_refuses_what_server_start_refuses(env, needle, capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_DYNSPEC_ENABLED", "1")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["config"]) == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env, needle", BAD_POLICY_SETTINGS)
+def test_doctor_reports_invalid_settings_and_finishes(env, needle, capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_DYNSPEC_ENABLED", "1")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "config: INVALID" in out and needle in out
+    assert out.splitlines()[-1].startswith("status: PROBLEMS FOUND") and "invalid settings" in out.splitlines()[-1]
+
+
+def test_config_says_whether_server_start_enables(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_DYNSPEC_ENABLED", "y")
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    assert "server start: plugin on, policy 'goodput' (SGLANG_DYNSPEC_ENABLED='y' (on))" in out
+    monkeypatch.setenv("SGLANG_DYNSPEC_ENABLED", "off")
+    assert main(["config"]) == 0
+    assert "server start: plugin off (SGLANG_DYNSPEC_ENABLED='off' (off))" in capsys.readouterr().out
+
+
+def test_help_is_plain_text_and_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "`" not in out
+    description = out.split("\n\n")[1]  # after the usage line
+    for cmd in ("doctor", "config", "policies", "replay"):
+        assert cmd in description
+
+
+def test_kernel_note_tells_missing_package_from_missing_driver():
+    from packaging.version import Version
+
+    from sglang_dynspec.cli import _kernel_note
+
+    missing = ModuleNotFoundError("No module named 'sgl_kernel'", name="sgl_kernel")
+    note = _kernel_note([missing], Version("0.5.12"))
+    assert "is not installed" in note and "pip install sglang==0.5.12" in note and "driver (" not in note
+    no_driver = OSError("libcuda.so.1: cannot open shared object file")
+    assert "needs the CUDA driver (libcuda.so.1)" in _kernel_note([no_driver], Version("0.5.12"))
+    assert _kernel_note([AttributeError("x")], Version("0.5.12")) is None
+
+
+def test_doctor_without_sglang_says_what_to_install(monkeypatch, capsys):
+    from sglang_dynspec import compat
+
+    monkeypatch.setattr(compat, "sglang_version", lambda: None)
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "SGLang: not installed; install a supported release (0.5.9 to 0.5.23)" in out
+    assert "e.g. pip install 'sglang==" in out and "(GPU-tested: " in out
+
+
 @pytest.mark.parametrize("generator", ["perf_table.py", "support_matrix.py"])
 def test_readme_generated_block_is_current(generator):
     import subprocess

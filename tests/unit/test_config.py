@@ -2,7 +2,8 @@
 
 import pytest
 
-from sglang_dynspec.config import load_settings, is_enabled_cheap
+from sglang_dynspec import gate
+from sglang_dynspec.config import load_settings, validate
 from sglang_dynspec.errors import ConfigError
 
 
@@ -79,6 +80,20 @@ def test_unreadable_toml(tmp_path):
         load_settings({"SGLANG_DYNSPEC_CONFIG": path})
 
 
+def test_example_config_shows_every_setting():
+    """The example is where users read what each setting does: none missing, none stale."""
+    import re
+    from pathlib import Path
+
+    from sglang_dynspec.config import FIELDS
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "dynspec.toml").read_text()
+    keys = set(re.findall(r"^#? ?(\w+) =", text, flags=re.M)) | set(re.findall(r"^\[(\w+)\]", text, flags=re.M))
+    assert sorted(set(FIELDS) - {"config"} - keys) == []
+    deadline_comment = text.split("policy_deadline_ms =")[0].rsplit("\n\n", 1)[-1]
+    assert "policy_deadline_strikes" in deadline_comment  # one late call does not fail a policy
+
+
 def test_example_config_loads_as_is():
     from pathlib import Path
 
@@ -88,10 +103,58 @@ def test_example_config_loads_as_is():
     assert any(src.startswith("file ") for _, _, src in loaded.rows())
 
 
+@pytest.mark.parametrize("raw", sorted(gate.TRUE | gate.FALSE) + ["Y", "T", "Off", " yes "])
+def test_gate_and_settings_read_enabled_alike(raw):
+    """What the startup hook / plugin entry point enable is what the settings call enabled."""
+    env = {"SGLANG_DYNSPEC_ENABLED": raw}
+    assert gate.wanted(env) is load_settings(env).settings.enabled
+
+
+@pytest.mark.parametrize("raw", ["maybe", "2", "", "enable"])
+def test_enabled_spelling_nobody_accepts_is_refused_by_name(raw):
+    env = {"SGLANG_DYNSPEC_ENABLED": raw}
+    assert gate.wanted(env) is True  # activation runs, so that it refuses the value
+    with pytest.raises(ConfigError, match=r"enabled \(env SGLANG_DYNSPEC_ENABLED\): not a boolean"):
+        load_settings(env)
+
+
 @pytest.mark.parametrize(
     "env, expected",
     [({}, False), ({"SGLANG_DYNSPEC_ENABLED": "1"}, True), ({"SGLANG_DYNSPEC_ENABLED": "0", "SGLANG_DYNSPEC_CONFIG": "x"}, False),
      ({"SGLANG_DYNSPEC_CONFIG": "x.toml"}, True)],
 )
-def test_cheap_gate(env, expected):
-    assert is_enabled_cheap(env) is expected
+def test_gate(env, expected):
+    assert gate.wanted(env) is expected
+
+
+def test_bool_settings_share_the_gate_parser(tmp_path):
+    path = write(tmp_path, 'enabled = "yes"\nmetrics = "off"\n')
+    s = load_settings({"SGLANG_DYNSPEC_CONFIG": path, "SGLANG_DYNSPEC_OFFSTEP_GRAPHS": "N"}).settings
+    assert (s.enabled, s.metrics, s.offstep_graphs) == (True, False, False)
+    with pytest.raises(ConfigError, match=rf"metrics \(file {path}\): not a boolean"):
+        load_settings({"SGLANG_DYNSPEC_CONFIG": write(tmp_path, 'metrics = "sometimes"\n')})
+
+
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        ({"SGLANG_DYNSPEC_POLICY": "doesnotexist"},
+         "policy 'doesnotexist' (env SGLANG_DYNSPEC_POLICY): unknown policy; registered: always, goodput"),
+        ({"SGLANG_DYNSPEC_POLICY": "threshold", "SGLANG_DYNSPEC_POLICY_ARGS": '{"n": -3}'},
+         "policy 'threshold' (env SGLANG_DYNSPEC_POLICY), policy_args (env SGLANG_DYNSPEC_POLICY_ARGS): "
+         "invalid arguments for policy 'threshold'"),
+        ({"SGLANG_DYNSPEC_POLICY": "no_such_pkg_dynspec.mod:Class"},
+         "policy 'no_such_pkg_dynspec.mod:Class' (env SGLANG_DYNSPEC_POLICY): cannot import: "
+         "No module named 'no_such_pkg_dynspec'"),
+    ],
+)
+def test_validate_builds_the_policy_and_names_the_source(env, needle):
+    with pytest.raises(ConfigError) as e:
+        validate({"SGLANG_DYNSPEC_ENABLED": "1", **env})
+    assert needle in str(e.value)
+
+
+def test_validate_names_the_file(tmp_path):
+    path = write(tmp_path, 'policy = "threshold"\n[policy_args]\nn = -3\n')
+    with pytest.raises(ConfigError, match=rf"policy_args \(file {path}\)"):
+        validate({"SGLANG_DYNSPEC_CONFIG": path})
