@@ -47,6 +47,11 @@ class StepRecord:
 
 # A single decide() this many times over its deadline is a hang, not a hiccup.
 HANG_FACTOR = 25.0
+# With TP, ranks ask each other for a pending policy failure this often (a one-float
+# agreement), not only at the cost agreements: a slow policy's stalls are then bounded by
+# about (strikes + this) calls, e.g. 0.8 s at 50 ms per call, instead of up to sync_interval
+# calls (9.5 s).  Step-count based, so every rank calls the collective at the same steps.
+FAILURE_CHECK_STEPS = 16
 # Requests admitted since the last decode step that mark a new load: at least this many, and at
 # least this share of the decode batch (a burst of arrivals, e.g. a client's whole batch).
 NEW_LOAD_MIN_ROWS = 4
@@ -80,6 +85,7 @@ class Controller:
         self.tp_rank, self.tp_size = tp_rank, tp_size
         # A single rank refreshes its view often (cheap); several ranks agree less often.
         self.sync_interval = sync_interval if tp_size > 1 else min(16, sync_interval)
+        self.failure_check = min(FAILURE_CHECK_STEPS, self.sync_interval)
         self.agree = agree
         self.hook = hook  # pluggy hook relay, or None
         self.clock = clock
@@ -114,6 +120,7 @@ class Controller:
             "accepted_drafts": 0,
             "spec_rows": 0,
             "agreements": 0,
+            "failure_checks": 0,
             "steps_forced_off": 0,
             "steps_resume": 0,
         }
@@ -148,8 +155,11 @@ class Controller:
             self.prefill.observe(None, 0.0, rows)
         self._t_other = None
         self._rows_admitted = 0
-        if self.step % self.sync_interval == 0 and self.step > 0:
-            self._refresh_view()
+        if self.step > 0:
+            if self.step % self.sync_interval == 0:
+                self._refresh_view()
+            elif self.step % self.failure_check == 0 and self.tp_size > 1 and self.agree is not None:
+                self._check_failure()
 
         if force_off:
             decision = False
@@ -251,8 +261,8 @@ class Controller:
         if self._pending_failure is None and (
             self._late_in_row >= self.deadline_strikes or took > HANG_FACTOR * self.deadline_s
         ):
-            # Wall time differs between ranks: acting now could split them, so the
-            # failure is applied at the next agreement, where all ranks see it.
+            # Wall time differs between ranks: acting now could split them, so the failure
+            # is applied at the next failure check or agreement, where all ranks see it.
             self._pending_failure = (f"decide() took {took * 1e3:.2f} ms (deadline {self.deadline_s * 1e3:g} ms, "
                                      f"{self._late_in_row} late in a row)")
             if self.tp_size == 1:
@@ -287,6 +297,12 @@ class Controller:
         failed_somewhere = vec.pop() > 0
         self.view = CostView(vec, version=version, ranks=self.tp_size)
         if failed_somewhere:
+            self._fail(self._pending_failure or "a policy deadline was missed on another rank")
+
+    def _check_failure(self) -> None:
+        """Apply a failure pending on any rank, at the same step on all of them."""
+        self.stats["failure_checks"] += 1
+        if self.agree([1.0 if self._pending_failure else 0.0])[0] > 0:
             self._fail(self._pending_failure or "a policy deadline was missed on another rank")
 
     def snapshot(self) -> dict:

@@ -22,11 +22,6 @@ SLOW_S = 0.050
 DEADLINE_S = 0.002
 BOUND_S = 1.0
 
-pytestmark = pytest.mark.xfail(
-    strict=True,
-    reason="needs the Controller change of PATCH-stall.diff (decisions.py): a failure check every "
-           "16 decode steps; remove this marker with it",
-)
 
 
 def _free_port() -> int:
