@@ -239,22 +239,9 @@ class CostView:
     def _fit(self, m: int) -> tuple[float, float] | None:
         cnt, bs, tm = self.count[m], self.mean_bs[m], self.time[m]
         pts = [(bs[b], tm[b]) for b in range(NUM_BUCKETS) if cnt[b] >= MIN_SAMPLES]
-        if len(pts) < 2:
+        if len(pts) < 2 or len({p[0] for p in pts}) < 2:
             return None
-        n = len(pts)
-        sx = sum(p[0] for p in pts)
-        sy = sum(p[1] for p in pts)
-        sxx = sum(p[0] * p[0] for p in pts)
-        sxy = sum(p[0] * p[1] for p in pts)
-        den = n * sxx - sx * sx
-        if den <= 0:
-            return None
-        c = (n * sxy - sx * sy) / den
-        a = (sy - c * sx) / n
-        # Step time never shrinks with more rows; a negative slope is noise.
-        if c < 0:
-            c, a = 0.0, sy / n
-        return a, c
+        return _line(pts)
 
     def estimate(self, on: bool, bs: int) -> float | None:
         """Seconds per decode step (prefills excluded) in that mode at ``bs``; None when unknown."""

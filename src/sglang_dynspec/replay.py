@@ -49,18 +49,19 @@ class Profile:
         return max(y, 1e-6)
 
 
+def read_builtin_or_path(spec: str, builtins: dict[str, str], what: str) -> tuple[bytes, str]:
+    """(bytes, origin) of a built-in data file named ``spec``, or of the file at path ``spec``."""
+    if spec in builtins:
+        return resources.files("sglang_dynspec.data").joinpath(builtins[spec]).read_bytes(), f"built-in {spec}"
+    try:
+        return Path(spec).read_bytes(), spec
+    except OSError as e:
+        raise ConfigError(f"{what} ({spec!r}): not a built-in ({', '.join(builtins)}) and not readable: {e}") from None
+
+
 def load_profile(spec: str) -> Profile:
     """A built-in profile name or a path to a profile JSON."""
-    if spec in BUILTIN_PROFILES:
-        text = resources.files("sglang_dynspec.data").joinpath(BUILTIN_PROFILES[spec]).read_text()
-        origin = f"built-in {spec}"
-    else:
-        try:
-            text = Path(spec).read_text()
-        except OSError as e:
-            raise ConfigError(f"profile ({spec!r}): not a built-in ({', '.join(BUILTIN_PROFILES)}) "
-                              f"and not readable: {e}") from None
-        origin = spec
+    text, origin = read_builtin_or_path(spec, BUILTIN_PROFILES, "profile")
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
@@ -122,7 +123,9 @@ class RunResult:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-class _Clock:
+class SimClock:
+    """A clock the replay advances by the step times it charges."""
+
     def __init__(self):
         self.t = 0.0
 
@@ -141,7 +144,7 @@ def simulate(profile: Profile, policy_spec: str, phases: list[Phase], *, policy_
     calls so that one server's controller (its learnt costs) spans several runs.
     """
     state = {} if state is None else state
-    clock = state.setdefault("clock", _Clock())
+    clock = state.setdefault("clock", SimClock())
     ctl = None
     if static is None:
         ctl = state.get("controller")

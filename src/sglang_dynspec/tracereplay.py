@@ -18,14 +18,13 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 from statistics import median
 from typing import Any
 
 from .decisions import Controller
 from .errors import ConfigError
 from .policies import build_policy
+from .replay import SimClock, read_builtin_or_path
 
 BUILTIN_TRACE_SETS = {"h200-pair-0512": "traces-h200-pair-0512.json.gz"}
 DECODE_SHARE_CAP = 1.25  # a step longer than this x the level's median interval ran prefills
@@ -88,16 +87,7 @@ def _level(c: int, mode: str, raw: dict) -> LevelTrace:
 
 def load_trace_set(spec: str) -> TraceSet:
     """A built-in trace set name or a path (.json or .json.gz)."""
-    if spec in BUILTIN_TRACE_SETS:
-        data = resources.files("sglang_dynspec.data").joinpath(BUILTIN_TRACE_SETS[spec]).read_bytes()
-        origin = f"built-in {spec}"
-    else:
-        try:
-            data = Path(spec).read_bytes()
-        except OSError as e:
-            raise ConfigError(f"--traces ({spec!r}): not a built-in ({', '.join(BUILTIN_TRACE_SETS)}) "
-                              f"and not readable: {e}") from None
-        origin = spec
+    data, origin = read_builtin_or_path(spec, BUILTIN_TRACE_SETS, "--traces")
     try:
         raw = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
         levels: dict[int, dict[str, LevelTrace]] = {}
@@ -112,14 +102,6 @@ def load_trace_set(spec: str) -> TraceSet:
         raise ConfigError(f"--traces ({origin}): not a trace set: {type(e).__name__}: {e}") from None
     meta = {k: raw.get(k) for k in ("git_commit", "sglang_version", "gpu", "model", "command", "output_len")}
     return TraceSet(raw.get("name", origin), origin, dict(sorted(levels.items())), incomplete, meta)
-
-
-class _Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @dataclass
@@ -146,7 +128,7 @@ def replay_static(lv: LevelTrace) -> float:
 
 def replay_policy(ts: TraceSet, policy: str, policy_args: dict | None = None) -> list[LevelResult]:
     """Every level in order on one controller, as one server ran them (idle between levels)."""
-    clock = _Clock()
+    clock = SimClock()
     ctl = Controller(build_policy(policy, policy_args or {}), clock=clock)
     out = []
     for c, modes in ts.levels.items():
@@ -156,7 +138,7 @@ def replay_policy(ts: TraceSet, policy: str, policy_args: dict | None = None) ->
     return out
 
 
-def _replay_level(ctl: Controller, clock: _Clock, modes: dict[str, LevelTrace], c: int) -> LevelResult:
+def _replay_level(ctl: Controller, clock: SimClock, modes: dict[str, LevelTrace], c: int) -> LevelResult:
     traces = {True: modes["on"], False: modes["off"]}
     totals = {m: lv.decode_tokens for m, lv in traces.items()}
     cursor = {True: 0, False: 0}
