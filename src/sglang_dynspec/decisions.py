@@ -109,7 +109,6 @@ class Controller:
         self._bs_prev = 0
         self._rows_admitted = 0  # requests prefilled since the previous decode step (rank-identical)
         self._explain = getattr(policy, "explain", None)
-        self.estimates: dict | None = None  # the policy's figures at the last decision
 
         self.stats = {
             "decode_steps": 0,
@@ -185,7 +184,7 @@ class Controller:
         hook = self.hook
         if hook is not None:
             rec = StepRecord(self.step - 1, decode_bs, running, waiting, decision, switched,
-                             self.failed is not None, self.accept_length, self.estimates)
+                             self.failed is not None, self.accept_length, self.estimates())
             hook.dynspec_decision(record=rec)
             if switched:
                 hook.dynspec_switch(record=rec)
@@ -231,7 +230,6 @@ class Controller:
     # --- internals ------------------------------------------------------------------
     def _ask(self, decode_bs: int, running: int, waiting: int, new_load: bool = False) -> bool:
         if self.failed is not None:
-            self.estimates = None
             return self.safe_value
         x = StepInputs(self.step, decode_bs, running, waiting, self.accept_length,
                        self.accept_samples, self.prev, self.steps_in_mode, self.view, new_load)
@@ -249,11 +247,6 @@ class Controller:
                 self._fail(f"decide() returned {d!r} ({type(d).__name__}), not a bool")
                 return self.safe_value
         took = self.clock() - t0
-        if self._explain is not None:
-            try:
-                self.estimates = self._explain()
-            except Exception:  # figures for people only: never worth a failure
-                self._explain = self.estimates = None
         if took <= self.deadline_s:
             self._late_in_row = 0
             return d
@@ -316,7 +309,18 @@ class Controller:
             failure=self.failed,
             accept_length=None if self.accept_samples == 0 else round(self.accept_length, 4),
             accept_samples=self.accept_samples,
-            estimates=self.estimates,
+            estimates=self.estimates(),
         )
         return s
+
+    def estimates(self) -> dict | None:
+        """The policy's figures behind its last decision (None in safe mode or if it has none).
+        Asked only when someone reads them (trace, stats, metrics), not on every step."""
+        if self.failed is not None or self._explain is None:
+            return None
+        try:
+            return self._explain()
+        except Exception:  # figures for people only: never worth a failure
+            self._explain = None
+            return None
 

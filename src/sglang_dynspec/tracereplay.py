@@ -177,7 +177,7 @@ def _replay_level(ctl: Controller, clock: SimClock, modes: dict[str, LevelTrace]
         res.steps_on += on
         res.steps_off += not on
         res.switches += on != mode
-        why = (ctl.estimates or {}).get("why", "-")
+        why = (ctl.estimates() or {}).get("why", "-")
         res.why[why] = res.why.get(why, 0) + 1
         mode = on
     lv0 = traces[first if first is not None else True]
