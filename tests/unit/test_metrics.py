@@ -47,6 +47,36 @@ def test_trace_observer_bounded(tmp_path):
     assert json.loads(lines[4])["on"] is False  # bs 5 > n
 
 
+class Explaining:
+    name = "explaining"
+
+    def decide(self, x):
+        return x.decode_bs < 4
+
+    def explain(self):
+        return {"on_tok_s": 120.5, "off_tok_s": 99.0, "why": "model"}
+
+
+def test_policy_estimates_reach_the_trace_and_the_stats(tmp_path):
+    import pluggy
+
+    from sglang_dynspec import hookspecs
+
+    pm = pluggy.PluginManager("sglang_dynspec")
+    pm.add_hookspecs(hookspecs)
+    obs = TraceObserver(tmp_path / "trace.jsonl", max_bytes=10_000)
+    pm.register(obs)
+    c = Controller(Explaining(), hook=pm.hook)
+    for bs in (1, 8):
+        c.on_decode(bs)
+    obs.close()
+    line = json.loads(obs.path.read_text().splitlines()[1])
+    assert line["on"] is False and line["on_tok_s"] == 120.5 and line["off_tok_s"] == 99.0 and line["why"] == "model"
+    assert c.snapshot()["estimates"] == {"on_tok_s": 120.5, "off_tok_s": 99.0, "why": "model"}
+    c.failed = "gone"  # safe mode: the policy's figures no longer explain anything
+    assert c.snapshot()["estimates"] is None
+
+
 def test_prometheus_multiprocess_export(tmp_path):
     pytest.importorskip("prometheus_client")
     code = textwrap.dedent("""
@@ -59,6 +89,7 @@ def test_prometheus_multiprocess_export(tmp_path):
             c.on_decode(bs)
         c.on_result(4, 6)
         snap = c.snapshot()
+        snap["estimates"] = {"on_tok_s": 812.0, "off_tok_s": 640.5, "why": "model"}
         exp.update(snap, draft_tokens_per_step=2)
         exp.update(snap, draft_tokens_per_step=2)  # no double counting
         from prometheus_client import CollectorRegistry, generate_latest
@@ -75,3 +106,5 @@ def test_prometheus_multiprocess_export(tmp_path):
     assert 'sglang_dynspec_switches_total{tp_rank="0"} 3.0' in text
     assert 'sglang_dynspec_wasted_draft_tokens_total{tp_rank="0"} 2.0' in text  # 4 rows x 2 drafted - 6
     assert "sglang_dynspec_accept_length" in text
+    assert 'sglang_dynspec_estimated_output_tokens_per_second{mode="on",tp_rank="0"} 812.0' in text
+    assert 'sglang_dynspec_estimated_output_tokens_per_second{mode="off",tp_rank="0"} 640.5' in text
