@@ -149,7 +149,7 @@ class Controller:
                 self.costs.observe(self._mode_prev, self._bs_prev, dt)
                 charged_to = self._mode_prev
             if rows:
-                self.prefill.observe(charged_to, extend, rows)
+                self.prefill.observe(charged_to, extend if extend < 1.0 else None, rows)
         elif rows:
             self.prefill.observe(None, 0.0, rows)
         self._t_other = None
