@@ -1,7 +1,6 @@
-"""compat.prefill_rows against the installed release's real ForwardMode and ModelWorkerBatch: what
-the cost model charges prefill time per (requests admitted), and nothing for decode/idle batches."""
-
-import dataclasses
+"""compat.prefill_rows against the installed release's real ForwardMode and the batch class its
+EAGLE worker receives: what the cost model charges prefill time per (requests admitted), and
+nothing for decode / idle batches."""
 
 import pytest
 
@@ -12,12 +11,14 @@ pytestmark = pytest.mark.sglang
 
 def _batch(mode, rows):
     torch = pytest.importorskip("torch")
-    from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+    from sglang.srt.managers import schedule_batch
 
-    # A real ModelWorkerBatch with only the fields prefill_rows reads set; the rest are placeholders.
-    fields = {f.name: None for f in dataclasses.fields(ModelWorkerBatch)}
-    fields.update(forward_mode=mode, seq_lens=torch.arange(1, rows + 1, dtype=torch.int64))
-    return ModelWorkerBatch(**fields)
+    # ModelWorkerBatch up to 0.5.12, ScheduleBatch from 0.5.13 (ModelWorkerBatch is gone there).
+    cls = getattr(schedule_batch, "ModelWorkerBatch", None) or schedule_batch.ScheduleBatch
+    batch = cls.__new__(cls)  # the real class; only the fields prefill_rows reads are set
+    batch.forward_mode = mode
+    batch.seq_lens = torch.arange(1, rows + 1, dtype=torch.int64)
+    return batch
 
 
 def test_extend_batches_count_their_requests_decode_and_idle_none():
