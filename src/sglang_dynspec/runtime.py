@@ -14,7 +14,7 @@ from typing import Any
 
 from . import compat
 from .config import DynspecSettings
-from .decisions import Controller
+from .controller import Controller
 
 logger = logging.getLogger("sglang_dynspec")
 

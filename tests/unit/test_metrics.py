@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from sglang_dynspec.decisions import Controller
+from sglang_dynspec.controller import Controller
 from sglang_dynspec.metrics import StatsWriter, TraceObserver
 from sglang_dynspec.policies import build_policy
 
@@ -50,7 +50,7 @@ def test_trace_observer_bounded(tmp_path):
 def test_prometheus_multiprocess_export(tmp_path):
     pytest.importorskip("prometheus_client")
     code = textwrap.dedent("""
-        from sglang_dynspec.decisions import Controller
+        from sglang_dynspec.controller import Controller
         from sglang_dynspec.metrics import PrometheusExporter
         from sglang_dynspec.policies import build_policy
         c = Controller(build_policy("threshold", {"n": 4}))
