@@ -35,6 +35,23 @@ HANDLE_GENERATE = "sglang.srt.managers.scheduler.Scheduler.handle_generate_reque
 # Per-request opt-out: sampling_params.custom_params carries it (present in 0.5.9 - 0.5.23).
 OPTOUT_KEY = "dynspec"
 OPTOUT_VALUES = ("off", False)
+
+
+def request_opts_out(recv_req) -> bool:
+    """Whether a generate request asks to run without speculation (its custom_params)."""
+    sp = getattr(recv_req, "sampling_params", None)
+    # A SamplingParams object, or a plain dict where the request was not converted.
+    custom = getattr(sp, "custom_params", None) if sp is not None and not isinstance(sp, dict) else \
+        (sp or {}).get("custom_params")
+    return isinstance(custom, dict) and custom.get(OPTOUT_KEY) in OPTOUT_VALUES
+
+
+def decode_batch_reqs(batch, running_batch):
+    """The requests of a decode batch the worker received."""
+    # spec_v2 <= 0.5.12 receives a ModelWorkerBatch without reqs: its rows are the running batch's.
+    return getattr(batch, "reqs", None) or getattr(running_batch, "reqs", None) or ()
+
+
 RESULT_DECODE_MIXIN = (
     "sglang.srt.managers.scheduler_output_processor_mixin."
     "SchedulerOutputProcessorMixin.process_batch_result_decode"
