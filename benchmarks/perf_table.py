@@ -15,9 +15,13 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import readme_block  # noqa: E402
-from report import level_key  # noqa: E402
+# Imported as benchmarks.perf_table (tests) or run as a file, whose folder is then on sys.path.
+try:
+    from . import readme_block
+    from .report import level_key
+except ImportError:
+    import readme_block
+    from report import level_key
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 GOAL = 0.97

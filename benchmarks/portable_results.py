@@ -18,8 +18,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.dynspec_bench.results import REPO_ROOT, portable, portable_text  # noqa: E402
+# Imported as benchmarks.portable_results (tests) or run as a file, whose folder is then on sys.path.
+try:
+    from .dynspec_bench.results import REPO_ROOT, portable, portable_text
+except ImportError:
+    from dynspec_bench.results import REPO_ROOT, portable, portable_text
 
 # A path into a copy of this repository: <root>/benchmarks/<one of its folders>/...
 _REPO_COPY = re.compile(r"(/[^\s\"',;:]*?)/benchmarks/(?:models|results|device|dynspec_bench)(?=[/\"\s])")

@@ -17,8 +17,11 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import readme_block  # noqa: E402
+# Imported as benchmarks.support_matrix (tests) or run as a file, whose folder is then on sys.path.
+try:
+    from . import readme_block
+except ImportError:
+    import readme_block
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

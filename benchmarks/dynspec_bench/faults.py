@@ -50,7 +50,6 @@ from .stats import read_stats
 OUTPUT_LENS = (1, 2, 7, 33, 128, 300)
 # Counters the plugin writes that stats.read_stats does not sum; read here from the same files.
 EXTRA_COUNTERS = ("steps_forced_off", "optout_not_honoured")
-MAX_RUNNING_DEFAULT = 128  # DEFAULT_COMMON_FLAGS' --max-running-requests: C above it queues
 
 
 @dataclass

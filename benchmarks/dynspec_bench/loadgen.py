@@ -8,7 +8,7 @@ import os
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -379,12 +379,3 @@ def summarize_by_phase(results: list[RequestResult], wall_s: float) -> dict:
 def first_errors(results: list[RequestResult], n: int = 3) -> list[str]:
     return [f"#{r.index}: {r.error}" for r in results if r.error][:n]
 
-
-def result_dicts(results: list[RequestResult], with_ids: bool = False) -> list[dict]:
-    out = []
-    for r in results:
-        d = asdict(r)
-        if not with_ids:
-            d.pop("output_ids")
-        out.append(d)
-    return out

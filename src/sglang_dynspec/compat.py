@@ -35,6 +35,23 @@ HANDLE_GENERATE = "sglang.srt.managers.scheduler.Scheduler.handle_generate_reque
 # Per-request opt-out: sampling_params.custom_params carries it (present in 0.5.9 - 0.5.23).
 OPTOUT_KEY = "dynspec"
 OPTOUT_VALUES = ("off", False)
+
+
+def request_opts_out(recv_req) -> bool:
+    """Whether a generate request asks to run without speculation (its custom_params)."""
+    sp = getattr(recv_req, "sampling_params", None)
+    # A SamplingParams object, or a plain dict where the request was not converted.
+    custom = getattr(sp, "custom_params", None) if sp is not None and not isinstance(sp, dict) else \
+        (sp or {}).get("custom_params")
+    return isinstance(custom, dict) and custom.get(OPTOUT_KEY) in OPTOUT_VALUES
+
+
+def decode_batch_reqs(batch, running_batch):
+    """The requests of a decode batch the worker received."""
+    # spec_v2 <= 0.5.12 receives a ModelWorkerBatch without reqs: its rows are the running batch's.
+    return getattr(batch, "reqs", None) or getattr(running_batch, "reqs", None) or ()
+
+
 RESULT_DECODE_MIXIN = (
     "sglang.srt.managers.scheduler_output_processor_mixin."
     "SchedulerOutputProcessorMixin.process_batch_result_decode"
@@ -397,12 +414,6 @@ def spec_contexts(worker):
     return stack
 
 
-def _target_is_hybrid(worker) -> bool:
-    mr = worker.target_worker.model_runner
-    return any(
-        getattr(mr, a, None) is not None
-        for a in ("hybrid_gdn_config", "mamba2_config", "hybrid_lightning_config")
-    )
 
 
 def _draft_extend_hidden_width(worker):
@@ -430,3 +441,99 @@ def prefill_rows(batch) -> int:
     if shape:
         return int(shape[0])
     return len(getattr(batch, "reqs", None) or ())
+
+
+# --------------------------------------------------------------------------------------------
+# Which speculative algorithms, targets and drafts the off-step adapters can run, decided here
+# once for both adapters.
+
+
+def adapter_algorithm_problem(algo) -> str | None:
+    """Why an adapter cannot run off-steps under this speculative algorithm (None: it can).
+
+    The adapters also take STANDALONE (a draft that reads no target hidden states) although
+    activation refuses it (``SUPPORTED_ALGORITHMS``): kept as the adapters always had it.
+    """
+    if algo is None or not (algo.is_eagle() or algo.is_standalone()):
+        return f"speculative algorithm {algo!r} is not EAGLE/EAGLE3/STANDALONE"
+    return None
+
+
+def draft_reads_target_hidden(algo) -> bool:
+    # STANDALONE drafts read no target hidden states.
+    return not algo.is_standalone()
+
+
+# ModelRunner attributes set for a hybrid (mamba / linear-attention) target, whose verify-time
+# state commit the off-step does not replicate.
+HYBRID_TARGET_MARKERS = ("hybrid_gdn_config", "mamba2_config", "hybrid_lightning_config")
+# The spec_v2 adapter has only ever checked the first two: a lightning-attention hybrid target is
+# not refused there.  Left so (a behaviour change that needs a GPU run to judge).
+V2_HYBRID_TARGET_MARKERS = HYBRID_TARGET_MARKERS[:2]
+
+
+def target_is_hybrid(model_runner, markers=HYBRID_TARGET_MARKERS) -> bool:
+    return any(getattr(model_runner, a, None) is not None for a in markers)
+
+
+def target_kv_is_compressed(kv_cache) -> bool:
+    # A compressed-KV target (c128 draft states) needs a draft-state cleanup the off-step lacks.
+    return getattr(kv_cache, "clear_unaccepted_c128_draft_states", None) is not None
+
+
+def offstep_graphs_release_problem(need_hidden: bool = True) -> str | None:
+    """Why the installed release cannot get off-step DECODE graphs (adapters/offstep_graphs.py)
+    by a second backend and runner (None: it can)."""
+    try:
+        cls = target_graph_runner_class()
+        from sglang.srt.model_executor.model_runner import ModelRunner
+    except ImportError as exc:
+        return f"graph runner not importable ({exc}); eager"
+    # Without its own backend the runner would call init_cuda_graph_state on the live one,
+    # reallocating buffers the verify graphs replay from (0.5.9 has no such parameter).
+    if "attn_backend" not in inspect.signature(cls.__init__).parameters:
+        return f"{cls.__name__} takes no separate attn_backend on this release; eager"
+    if "init_new_workspace" not in inspect.signature(ModelRunner._get_attention_backend).parameters:
+        return "ModelRunner._get_attention_backend cannot build a second backend on this release; eager"
+    # No attribute tells which switches the runner's __init__ reads: its source text does.
+    try:
+        src = inspect.getsource(cls.__init__)
+    except (OSError, TypeError):
+        return f"source of {cls.__name__}.__init__ unavailable; eager"
+    # The two switches capture() flips must be the ones this runner reads.
+    if "spec_algorithm.is_speculative()" not in src:
+        return f"{cls.__name__} does not pick its capture mode from spec_algorithm; eager"
+    if need_hidden and "enable_return_hidden_states" not in src:
+        return f"{cls.__name__} does not read enable_return_hidden_states; eager"
+    return None
+
+
+def light_sync_draft_problem(draft_model_runner) -> str | None:
+    """Why the light draft sync (adapters/draft_kv.py) cannot be used with this draft (None: it can)."""
+    model = getattr(draft_model_runner, "model", None)
+    inner = getattr(model, "model", None)
+    if model is None or inner is None:
+        return "no draft model"
+    if not type(model).__name__.endswith("Eagle3"):
+        return f"draft {type(model).__name__} is not an EAGLE-3 draft"
+    layers = getattr(inner, "layers", None)
+    if layers is None or len(layers) != 1:
+        return f"draft has {0 if layers is None else len(layers)} layers (the light sync needs exactly 1)"
+    layer = layers[0]
+    for attr in ("hidden_norm", "input_layernorm", "self_attn"):
+        if not hasattr(layer, attr):
+            return f"draft layer has no {attr}"
+    if getattr(layer, "is_input_layer", True) is not True:
+        return "draft layer 0 is not an input layer"
+    if getattr(inner, "is_mrope_enabled", False):
+        return "mrope draft"
+    for attr in ("embed_tokens", "fc"):
+        if not hasattr(inner, attr):
+            return f"draft model has no {attr}"
+    attn = layer.self_attn
+    if not (hasattr(attn, "forward_prepare_native") or hasattr(attn, "qkv_proj")):
+        return "draft attention exposes no q/k/v projection"
+    pool = getattr(draft_model_runner, "token_to_kv_pool", None)
+    if type(pool).__name__ != "MHATokenToKVPool":
+        return f"draft KV pool {type(pool).__name__} (the light sync writes MHATokenToKVPool only)"
+    return None

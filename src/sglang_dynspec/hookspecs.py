@@ -17,7 +17,7 @@ def register_policies(register):
 
 @hookspec
 def dynspec_decision(record):
-    """Observe one decode step's decision (a :class:`~sglang_dynspec.decisions.StepRecord`)."""
+    """Observe one decode step's decision (a :class:`~sglang_dynspec.controller.StepRecord`)."""
 
 
 @hookspec

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .decisions import Controller
+from .controller import Controller
 from .errors import ConfigError
 from .policies import build_policy
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import compat
 from .config import DynspecSettings
-from .decisions import Controller
+from .controller import Controller
 
 logger = logging.getLogger("sglang_dynspec")
 
@@ -240,8 +240,7 @@ def around_v2_forward(original, worker, batch, *args, **kwargs):
 
 def _has_optout(st: WorkerState, batch, running_batch) -> bool:
     """Whether a request of this batch opted out (only called while some opt-out may be live)."""
-    # spec_v2 <= 0.5.12 receives a ModelWorkerBatch without reqs: its rows are the running batch's.
-    reqs = getattr(batch, "reqs", None) or getattr(running_batch, "reqs", None) or ()
+    reqs = compat.decode_batch_reqs(batch, running_batch)
     rids = st.optout_rids
     found = any(r.rid in rids for r in reqs)
     if st.controller.step % 512 == 0:
@@ -273,10 +272,7 @@ def after_handle_generate(ret, scheduler, recv_req, *args, **kwargs):
     st = STATE
     if st is None:
         return None
-    sp = getattr(recv_req, "sampling_params", None)
-    custom = getattr(sp, "custom_params", None) if sp is not None and not isinstance(sp, dict) else \
-        (sp or {}).get("custom_params")
-    if isinstance(custom, dict) and custom.get(compat.OPTOUT_KEY) in compat.OPTOUT_VALUES:
+    if compat.request_opts_out(recv_req):
         st.optout_rids.add(recv_req.rid)
     return None
 

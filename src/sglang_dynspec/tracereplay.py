@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from .decisions import Controller
+from .controller import Controller
 from .errors import ConfigError
 from .policies import build_policy
 from .replay import SimClock, read_builtin_or_path

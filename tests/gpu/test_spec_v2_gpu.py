@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,8 +30,7 @@ BENCH = ROOT / "benchmarks"
 def _harness():
     if not (BENCH / "dynspec_bench" / "modes.py").exists():
         pytest.skip("benchmarks/dynspec_bench harness not present")
-    sys.path.insert(0, str(BENCH))
-    from dynspec_bench import correctness, modes, server
+    from benchmarks.dynspec_bench import correctness, modes, server
 
     return correctness, modes, server
 

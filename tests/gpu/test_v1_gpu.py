@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -43,8 +42,7 @@ REFERENCE = "on@topk4"
 def _harness():
     if not (BENCH / "dynspec_bench" / "modes.py").exists():
         pytest.skip("benchmarks/dynspec_bench harness not present")
-    sys.path.insert(0, str(BENCH))
-    from dynspec_bench import correctness, modes, server
+    from benchmarks.dynspec_bench import correctness, modes, server
 
     return correctness, modes, server
 

@@ -7,7 +7,7 @@ the assertion uses the median so one descheduled round on a busy CI machine does
 import pytest
 
 from sglang_dynspec.costs import CostTable, CostView
-from sglang_dynspec.decisions import Controller
+from sglang_dynspec.controller import Controller
 from sglang_dynspec.policies import StepInputs, build_policy
 
 BUDGET_S = 20e-6

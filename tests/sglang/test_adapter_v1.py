@@ -255,7 +255,7 @@ def test_prepare_captures_decode_graphs_where_the_release_allows(v1, monkeypatch
     w.server_args.disable_cuda_graph = False
     v1.prepare(w, DynspecSettings(offstep_graphs=True))
     v1.prepare(w, DynspecSettings(offstep_graphs=True))  # once per worker
-    supported = offstep_graphs.release_unsupported() is None
+    supported = compat.offstep_graphs_release_problem() is None
     assert captured == ([(w.target_worker.model_runner, True)] if supported else [])
     assert v1.describe(w)["offstep_graphs"]["active"] is supported
     # The off-step asks for the graph runner's own hidden mode, so the graph can replay.

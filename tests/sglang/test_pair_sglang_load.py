@@ -65,7 +65,6 @@ def test_exported_pair_fills_every_sglang_parameter(tmp_path, sglang_version):
         pytest.skip(f"pair layout targets SGLang >= 0.5.12, installed {sglang_version}")
     torch = pytest.importorskip("torch", reason="torch not installed")
     pytest.importorskip("safetensors", reason="safetensors not installed")
-    sys.path.insert(0, str(REPO))
     from benchmarks.models.pair_export import save_draft, save_target
     from benchmarks.models.pair_model import Eagle3Draft, LlamaShape, TargetLM
 

@@ -3,14 +3,11 @@
 import asyncio
 import json
 import socket
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("aiohttp")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.dynspec_bench import cli, faults as flt, fuzz, loadgen  # noqa: E402
 from benchmarks.dynspec_bench.modes import ServerConfig  # noqa: E402

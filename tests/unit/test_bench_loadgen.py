@@ -1,13 +1,10 @@
 """Load generator against the fake SGLang server: timing figures, token ids, failures, traces."""
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("aiohttp")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.dynspec_bench import loadgen  # noqa: E402
 from benchmarks.dynspec_bench.prompts import random_prompts  # noqa: E402

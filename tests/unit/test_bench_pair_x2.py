@@ -9,7 +9,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import pytest
 
 pytest.importorskip("aiohttp")
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 from benchmarks.dynspec_bench.testing.fixtures import SHIM  # noqa: E402
 

@@ -1,12 +1,9 @@
 """Pure parts of the phase-trace evidence: output-length draws, trace plans, the per-phase maths."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.dynspec_bench.phase_summary import (  # noqa: E402
     best_single_static, geomean, phase_kind, summarize_phases,

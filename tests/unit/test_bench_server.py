@@ -3,12 +3,10 @@
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("aiohttp")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.dynspec_bench.server import (  # noqa: E402
     ServerProcess, ServerSpec, ServerStartError, parse_prometheus, start_all,

@@ -2,14 +2,11 @@
 
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("aiohttp")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import report  # noqa: E402
 from benchmarks.dynspec_bench import cli, results, sweep as sweep_mod  # noqa: E402

@@ -1,12 +1,9 @@
 """Pure pieces of the harness: mode grammar, stats files, comparisons, prompts; fuzz/offstep on fakes."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.dynspec_bench import correctness as corr  # noqa: E402
 from benchmarks.dynspec_bench.modes import (  # noqa: E402

@@ -114,12 +114,7 @@ def test_readme_generated_block_is_current(generator):
 
 def test_perf_table_rows_from_result_files(tmp_path):
     import json
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import perf_table
-    import readme_block
+    from benchmarks import perf_table, readme_block
 
     def rec(kind, ratios, stats=True, tp=None):
         flags = {"dynspec:goodput": {"args": ["--model-path", "m"] + (["--tp", str(tp)] if tp else [])}}
@@ -148,12 +143,7 @@ def test_perf_table_rows_from_result_files(tmp_path):
 
 
 def test_cpu_matrix_records_each_envs_torch(tmp_path):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import collect_cpu_matrix as collect
-    import support_matrix as matrix
+    from benchmarks import collect_cpu_matrix as collect, support_matrix as matrix
 
     xml = tmp_path / "junit-sglang-0.5.9.xml"
     xml.write_text(

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from sglang_dynspec.decisions import Controller
+from sglang_dynspec.controller import Controller
 from sglang_dynspec.policies import build_policy
 
 

@@ -3,7 +3,6 @@
 import io
 import json
 import subprocess
-import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -11,8 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "device"))
-import prepare  # noqa: E402
+from benchmarks.device import prepare  # noqa: E402
 
 
 def make_bundle(where: Path, dists=("sglang-0.5.12", "pydantic_settings-2.16.3", "python_dotenv-1.2.4")) -> Path:

@@ -4,6 +4,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from sglang_dynspec import compat
 from sglang_dynspec.adapters import draft_kv
 
 
@@ -28,19 +29,19 @@ def runner(model=None, pool=None):
 
 
 def test_single_layer_eagle3_with_mha_pool_is_supported():
-    assert draft_kv.unsupported_reason(runner()) is None
+    assert compat.light_sync_draft_problem(runner()) is None
 
 
 def test_other_drafts_keep_the_full_sync():
     class LlamaForCausalLMEagle(LlamaForCausalLMEagle3):
         pass
 
-    assert "not an EAGLE-3" in draft_kv.unsupported_reason(runner(LlamaForCausalLMEagle()))
-    assert "2 layers" in draft_kv.unsupported_reason(runner(LlamaForCausalLMEagle3(layers=2)))
-    assert "mrope" in draft_kv.unsupported_reason(runner(LlamaForCausalLMEagle3(mrope=True)))
-    assert "input layer" in draft_kv.unsupported_reason(runner(LlamaForCausalLMEagle3(input_layer=False)))
-    assert "SWAKVPool" in draft_kv.unsupported_reason(runner(pool=SWAKVPool()))
-    assert draft_kv.unsupported_reason(None) == "no draft model"
+    assert "not an EAGLE-3" in compat.light_sync_draft_problem(runner(LlamaForCausalLMEagle()))
+    assert "2 layers" in compat.light_sync_draft_problem(runner(LlamaForCausalLMEagle3(layers=2)))
+    assert "mrope" in compat.light_sync_draft_problem(runner(LlamaForCausalLMEagle3(mrope=True)))
+    assert "input layer" in compat.light_sync_draft_problem(runner(LlamaForCausalLMEagle3(input_layer=False)))
+    assert "SWAKVPool" in compat.light_sync_draft_problem(runner(pool=SWAKVPool()))
+    assert compat.light_sync_draft_problem(None) == "no draft model"
 
 
 def test_placeholders_are_shared_zero_rows():

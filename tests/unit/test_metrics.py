@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from sglang_dynspec.decisions import Controller
+from sglang_dynspec.controller import Controller
 from sglang_dynspec.metrics import StatsWriter, TraceObserver
 from sglang_dynspec.policies import build_policy
 
@@ -80,7 +80,7 @@ def test_policy_estimates_reach_the_trace_and_the_stats(tmp_path):
 def test_prometheus_multiprocess_export(tmp_path):
     pytest.importorskip("prometheus_client")
     code = textwrap.dedent("""
-        from sglang_dynspec.decisions import Controller
+        from sglang_dynspec.controller import Controller
         from sglang_dynspec.metrics import PrometheusExporter
         from sglang_dynspec.policies import build_policy
         c = Controller(build_policy("threshold", {"n": 4}))

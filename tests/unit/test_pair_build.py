@@ -1,7 +1,6 @@
 """build_pair end to end at toy size on CPU: every output the GPU run relies on is there."""
 
 import json
-import sys
 import sysconfig
 from pathlib import Path
 
@@ -11,7 +10,6 @@ pytest.importorskip("torch", reason="torch not installed (build_pair trains with
 pytest.importorskip("tokenizers", reason="tokenizers not installed (build_pair's tokenizer)")
 pytest.importorskip("safetensors", reason="safetensors not installed (build_pair's export)")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.dynspec_bench.prompts import load_prompts  # noqa: E402
 from benchmarks.models.build_pair import main, parse_args  # noqa: E402

@@ -1,12 +1,10 @@
 """Realistic-pair corpus pieces: file listing, held-out split, tokenizer, windows, repeated 4-grams."""
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.models import pair_corpus as corpus  # noqa: E402
 

@@ -2,8 +2,6 @@
 the draft's unrolled training matches step-by-step decoding, training learns and is repeatable."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -11,7 +9,6 @@ torch = pytest.importorskip("torch", reason="torch not installed (realistic-pair
 transformers = pytest.importorskip("transformers", reason="transformers not installed (HF loader check)")
 pytest.importorskip("safetensors", reason="safetensors not installed (pair export writes safetensors)")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.models.pair_export import draft_config, padded_state, save_draft, save_target  # noqa: E402
 from benchmarks.models.pair_model import Eagle3Draft, LlamaShape, TargetLM  # noqa: E402

@@ -2,11 +2,9 @@
 paths as <tmp>/..., never the absolute paths of the machine that ran."""
 
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 from benchmarks import portable_results  # noqa: E402
 from benchmarks.dynspec_bench.results import write_json  # noqa: E402

@@ -6,7 +6,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from sglang_dynspec import runtime
-from sglang_dynspec.decisions import Controller
+from sglang_dynspec.controller import Controller
 from sglang_dynspec.policies import build_policy
 
 

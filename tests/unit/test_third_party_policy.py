@@ -49,7 +49,7 @@ def test_cli_lists_it():
 def test_its_observer_sees_switches():
     import dynspec_policy_example as ext
 
-    from sglang_dynspec.decisions import Controller
+    from sglang_dynspec.controller import Controller
     from sglang_dynspec.plugins import load_plugins, pm
     from sglang_dynspec.policies import build_policy
 

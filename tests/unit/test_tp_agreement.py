@@ -32,7 +32,7 @@ def _rank_main(rank, port, policy, args, agree_on, q, trace):
     import torch.distributed as dist
 
     from sglang_dynspec import runtime
-    from sglang_dynspec.decisions import Controller
+    from sglang_dynspec.controller import Controller
     from sglang_dynspec.metrics import TraceObserver
     from sglang_dynspec.plugins import pm
     from sglang_dynspec.policies import build_policy

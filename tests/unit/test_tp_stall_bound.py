@@ -47,7 +47,7 @@ def _rank_main(rank, port, onset, slow_ranks, q):
     import torch.distributed as dist
 
     from sglang_dynspec import runtime
-    from sglang_dynspec.decisions import Controller
+    from sglang_dynspec.controller import Controller
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     clock = types.SimpleNamespace(t=0.0)

@@ -20,36 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-
-def unsupported_reason(draft_model_runner) -> str | None:
-    """Why the light sync cannot be used with this draft (None: it can)."""
-    model = getattr(draft_model_runner, "model", None)
-    inner = getattr(model, "model", None)
-    if model is None or inner is None:
-        return "no draft model"
-    if not type(model).__name__.endswith("Eagle3"):
-        return f"draft {type(model).__name__} is not an EAGLE-3 draft"
-    layers = getattr(inner, "layers", None)
-    if layers is None or len(layers) != 1:
-        return f"draft has {0 if layers is None else len(layers)} layers (the light sync needs exactly 1)"
-    layer = layers[0]
-    for attr in ("hidden_norm", "input_layernorm", "self_attn"):
-        if not hasattr(layer, attr):
-            return f"draft layer has no {attr}"
-    if getattr(layer, "is_input_layer", True) is not True:
-        return "draft layer 0 is not an input layer"
-    if getattr(inner, "is_mrope_enabled", False):
-        return "mrope draft"
-    for attr in ("embed_tokens", "fc"):
-        if not hasattr(inner, attr):
-            return f"draft model has no {attr}"
-    attn = layer.self_attn
-    if not (hasattr(attn, "forward_prepare_native") or hasattr(attn, "qkv_proj")):
-        return "draft attention exposes no q/k/v projection"
-    pool = getattr(draft_model_runner, "token_to_kv_pool", None)
-    if type(pool).__name__ != "MHATokenToKVPool":
-        return f"draft KV pool {type(pool).__name__} (the light sync writes MHATokenToKVPool only)"
-    return None
+from .. import compat
 
 
 def _qkv(attn, positions, x):
@@ -100,7 +71,7 @@ def prepare(state: dict, draft_model_runner, topk: int, who: str, mode: str) -> 
     if mode != "light":
         log.info("dynspec %s: off-steps sync the draft through its draft-extend (offstep_draft_sync=full)", who)
         return
-    reason = unsupported_reason(draft_model_runner)
+    reason = compat.light_sync_draft_problem(draft_model_runner)
     if reason:
         log.info("dynspec %s: off-steps sync the draft through its draft-extend (%s)", who, reason)
         return

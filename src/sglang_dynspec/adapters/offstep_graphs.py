@@ -12,37 +12,11 @@ CUDA-graph buffers belong to the verify graphs.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 
 from .. import compat
 
 logger = logging.getLogger("sglang_dynspec.adapters.offstep_graphs")
-
-
-def release_unsupported(need_hidden: bool = True) -> str | None:
-    """Why the installed release cannot get off-step graphs this way (None: it can)."""
-    try:
-        cls = compat.target_graph_runner_class()
-        from sglang.srt.model_executor.model_runner import ModelRunner
-    except ImportError as exc:
-        return f"graph runner not importable ({exc}); eager"
-    # Without its own backend the runner would call init_cuda_graph_state on the live one,
-    # reallocating buffers the verify graphs replay from (0.5.9 has no such parameter).
-    if "attn_backend" not in inspect.signature(cls.__init__).parameters:
-        return f"{cls.__name__} takes no separate attn_backend on this release; eager"
-    if "init_new_workspace" not in inspect.signature(ModelRunner._get_attention_backend).parameters:
-        return "ModelRunner._get_attention_backend cannot build a second backend on this release; eager"
-    try:
-        src = inspect.getsource(cls.__init__)
-    except (OSError, TypeError):
-        return f"source of {cls.__name__}.__init__ unavailable; eager"
-    # The two switches capture() flips must be the ones this runner reads.
-    if "spec_algorithm.is_speculative()" not in src:
-        return f"{cls.__name__} does not pick its capture mode from spec_algorithm; eager"
-    if need_hidden and "enable_return_hidden_states" not in src:
-        return f"{cls.__name__} does not read enable_return_hidden_states; eager"
-    return None
 
 
 def worker_unsupported(server_args, model_runner) -> str | None:
@@ -136,7 +110,7 @@ def prepare(worker, need_hidden: bool, enabled: bool) -> dict | None:
         logger.info("dynspec: off-step target decode runs eager (offstep_graphs disabled)")
         return None
     mr = worker.target_worker.model_runner
-    reason = release_unsupported(need_hidden) or worker_unsupported(worker.server_args, mr)
+    reason = compat.offstep_graphs_release_problem(need_hidden) or worker_unsupported(worker.server_args, mr)
     if reason:
         logger.info("dynspec: off-step target decode runs eager (%s)", reason)
         return None

@@ -97,9 +97,9 @@ def unsupported_reason(worker) -> str | None:
 def _compute_unsupported_reason(worker) -> str | None:
     if not _is_plain_v2_worker(worker):
         return "worker class overrides forward_batch_generation"
-    algo = getattr(worker, "speculative_algorithm", None)
-    if algo is None or not (algo.is_eagle() or algo.is_standalone()):
-        return f"speculative algorithm {algo!r} is not EAGLE/EAGLE3/STANDALONE"
+    algo_problem = compat.adapter_algorithm_problem(getattr(worker, "speculative_algorithm", None))
+    if algo_problem:
+        return algo_problem
     sa = worker.server_args
     if getattr(sa, "enable_dp_attention", False):
         return "DP attention (off-step would need all DP ranks to agree)"
@@ -107,11 +107,9 @@ def _compute_unsupported_reason(worker) -> str | None:
         return "pipeline parallelism"
     if getattr(sa, "enable_two_batch_overlap", False):
         return "two-batch overlap"
-    mr = worker.target_worker.model_runner
-    if getattr(mr, "hybrid_gdn_config", None) is not None or getattr(mr, "mamba2_config", None) is not None:
+    if compat.target_is_hybrid(worker.target_worker.model_runner, compat.V2_HYBRID_TARGET_MARKERS):
         return "hybrid mamba/GDN target (verify-time state commit not replicated)"
-    kv = worker.token_to_kv_pool_allocator.get_kvcache()
-    if getattr(kv, "clear_unaccepted_c128_draft_states", None) is not None:
+    if compat.target_kv_is_compressed(worker.token_to_kv_pool_allocator.get_kvcache()):
         return "compressed-KV target (draft-state cleanup not replicated)"
     if not compat.target_capture_channel():
         return "no way to request target hidden-state capture on this release"
@@ -171,8 +169,7 @@ def decode_batch_size(worker, batch) -> int | None:
 
 
 def _needs_hidden(worker) -> bool:
-    # STANDALONE drafts read no target hidden states.
-    return not worker.speculative_algorithm.is_standalone()
+    return compat.draft_reads_target_hidden(worker.speculative_algorithm)
 
 
 def _capture_mode_for_target(worker):
@@ -388,7 +385,7 @@ def resume_pending(worker) -> bool:
 
 def offstep_graphs_unsupported() -> str | None:
     """Why this release cannot get off-step DECODE graphs (None: it can), from the installed classes."""
-    return offstep_graphs.release_unsupported(need_hidden=True)
+    return compat.offstep_graphs_release_problem(need_hidden=True)
 
 
 def prepare(worker, settings) -> None:

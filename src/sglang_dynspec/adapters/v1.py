@@ -57,8 +57,7 @@ def decode_batch_size(worker, batch) -> int | None:
     fm = getattr(batch, "forward_mode", None)
     if fm is None or not fm.is_decode() or getattr(batch, "is_extend_in_batch", False):
         return None
-    algo = getattr(worker, "speculative_algorithm", None)
-    if algo is None or not (algo.is_eagle() or algo.is_standalone()):
+    if compat.adapter_algorithm_problem(getattr(worker, "speculative_algorithm", None)):
         return None
     server_args = getattr(worker, "server_args", None)
     if getattr(server_args, "enable_dp_attention", False):
@@ -70,7 +69,7 @@ def decode_batch_size(worker, batch) -> int | None:
         return None
     if compat.last_token_ids(spec_info) is None:
         return None
-    if compat._target_is_hybrid(worker):
+    if compat.target_is_hybrid(worker.target_worker.model_runner):
         return None
     n = len(batch.reqs)
     return n if n > 0 else None
@@ -186,7 +185,7 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
         state["light_pending"] = True
     else:
         state["light_pending"] = False
-        hidden = None if worker.speculative_algorithm.is_standalone() else logits_output.hidden_states
+        hidden = logits_output.hidden_states if _needs_hidden(worker) else None
         if hidden is not None:
             width = compat._draft_extend_hidden_width(worker)
             if width is not None and hidden.shape[1] != width:
@@ -269,7 +268,7 @@ def resume_pending(worker) -> bool:
 
 
 def _needs_hidden(worker) -> bool:
-    return not worker.speculative_algorithm.is_standalone()
+    return compat.draft_reads_target_hidden(worker.speculative_algorithm)
 
 
 def describe(worker=None) -> dict:

@@ -16,9 +16,9 @@ def register() -> None:
     """
     wanted = gate.wanted()
     try:
-        from . import cli_args
+        from . import server_flags
 
-        cli_args.register_flags()
+        server_flags.register_flags()
     except Exception as e:
         if wanted:
             raise SystemExit(f"sglang-dynspec: cannot register --dynspec-* flags: {type(e).__name__}: {e}") from e
