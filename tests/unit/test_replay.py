@@ -84,3 +84,10 @@ def test_cli_replay_bad_args(capsys):
     assert main(["replay", "--policy", "threshold", "--policy-args", "{bad"]) == 2
     assert main(["replay", "--profile", "/nonexistent.json"]) == 2
     assert "not a built-in" in capsys.readouterr().err
+
+
+def test_cli_replay_refuses_concurrency_below_one(capsys):
+    # was a ZeroDivisionError traceback
+    with pytest.raises(SystemExit) as e:
+        main(["replay", "--profile", "h200-trained-pair", "-C", "1,0"])
+    assert e.value.code == 2 and "concurrency levels must be >= 1" in capsys.readouterr().err
