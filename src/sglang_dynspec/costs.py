@@ -30,7 +30,6 @@ EXACT_UP_TO = 16  # batch sizes up to this get a bucket each
 PER_OCTAVE = 4  # above it, four buckets per doubling
 MAX_BS = 8192
 MIN_SAMPLES = 3  # a bucket is trusted after this many samples
-PREFILL_MEMORY = 64.0  # requests: the prefill history of a mode fades over about this many
 RATE_MEMORY = 256.0  # requests: requests-per-token fades over about this many
 STRETCH_MIN_REQUESTS = 4.0  # a stretch's own prefill figure is trusted after this many requests
 
@@ -156,7 +155,7 @@ class PrefillMeter:
         if on is None:
             return
         m = 1 if on else 0
-        f = 1.0 - 1.0 / BATCH_MEMORY
+        f = _fade(BATCH_MEMORY, 1)
         self.hist_req[m] = self.hist_req[m] * f + requests
         self.hist_batches[m] = self.hist_batches[m] * f + 1.0
         self.stretch_req[m] += requests
@@ -177,13 +176,14 @@ class PrefillMeter:
                       self.rate_req, self.rate_tok]
 
 
-PREFILL_VECTOR_LEN = 3 * NUM_BUCKETS + 10
+PREFILL_COUNTS = 10  # hist_req, hist_batches, stretch_req, stretch_batches (x2 modes), rate_req, rate_tok
+PREFILL_VECTOR_LEN = 3 * NUM_BUCKETS + PREFILL_COUNTS
 
 
 class CostView:
     """Agreed, read-only costs, with a per-mode linear fit (time = a + c*bs) for empty buckets."""
 
-    __slots__ = ("time", "count", "mean_bs", "fit", "version", "prefill", "batch_fit")
+    __slots__ = ("time", "count", "mean_bs", "fit", "version", "prefill", "batch_fit", "per_request")
 
     def __init__(self, summed: Sequence[float] | None, version: int = 0, ranks: int = 1):
         n = NUM_BUCKETS
@@ -191,8 +191,9 @@ class CostView:
         self.count = [[0] * n, [0] * n]
         self.mean_bs = [[0.0] * n, [0.0] * n]
         self.version = version
-        self.prefill = [0.0] * 10
+        self.prefill = [0.0] * PREFILL_COUNTS
         self.batch_fit = None
+        self.per_request = (0.0, 0.0)
         if summed is None:  # filled by from_table
             return
         i = 0
@@ -223,7 +224,8 @@ class CostView:
         have it), plus the rank-averaged counts."""
         self.batch_fit = None
         if vec is None:
-            self.prefill = [0.0] * 10
+            self.prefill = [0.0] * PREFILL_COUNTS
+            self.per_request = (0.0, 0.0)
             return
         pts = []
         for b in range(NUM_BUCKETS):
@@ -235,6 +237,22 @@ class CostView:
             self.batch_fit = (pts[0][1], 0.0)  # one size seen: a fixed cost per batch
         elif pts:
             self.batch_fit = _line(pts)
+        self.per_request = self._choose_per_request()
+
+    def _choose_per_request(self) -> tuple[float, float]:
+        """(off, on) prefill seconds per admitted request, the figures a policy should use: speculation
+        its history; plain decode its current stretch, else its history; a mode without figures the
+        other's (nothing says they differ); 0.0 before any prefill was timed."""
+        hist_on, hist_off = self.prefill_history(True), self.prefill_history(False)
+        p_on = hist_on if hist_on is not None else (hist_off or 0.0)
+        p_off = self.prefill_stretch(False)
+        if p_off is None:
+            p_off = hist_off if hist_off is not None else p_on
+        return p_off, p_on
+
+    def prefill_per_request(self, on: bool) -> float:
+        """Prefill seconds per admitted request to expect in that mode (see _choose_per_request)."""
+        return self.per_request[1 if on else 0]
 
     def _fit(self, m: int) -> tuple[float, float] | None:
         cnt, bs, tm = self.count[m], self.mean_bs[m], self.time[m]

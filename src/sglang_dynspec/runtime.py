@@ -60,8 +60,8 @@ class WorkerState:
             s["decode_bs"] = bs
             s["cost_on_s"] = v.estimate(True, bs)  # decode step alone
             s["cost_off_s"] = v.estimate(False, bs)
-            s["prefill_per_request_on_s"] = v.prefill_history(True)
-            s["prefill_per_request_off_s"] = v.prefill_stretch(False) or v.prefill_history(False)
+            s["prefill_per_request_on_s"] = v.prefill_per_request(True)  # what the policy uses
+            s["prefill_per_request_off_s"] = v.prefill_per_request(False)
             s["requests_per_token"] = v.requests_per_token()
         return s
 

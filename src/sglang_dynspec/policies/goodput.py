@@ -70,19 +70,10 @@ class Goodput:
         if d_on is None or d_off is None:
             return None
         rho = v.requests_per_token()
-        hist_on, hist_off = v.prefill_history(True), v.prefill_history(False)
-        p_on = hist_on if hist_on is not None else (hist_off or 0.0)
-        p_off = v.prefill_stretch(False)
-        if p_off is None:
-            p_off = hist_off if hist_off is not None else p_on
+        p_off, p_on = v.per_request
         acc = max(accept if accept is not None else x.accept_length, 1.0)
         free = d_off / bs
         return d_on / (bs * acc) + p_on * rho, free + p_off * rho, free
-
-    def gain(self, x: StepInputs) -> float | None:
-        """Speculative over plain output tokens per second, or None if unknown."""
-        c = self.seconds_per_token(x)
-        return None if c is None else c[1] / c[0]
 
     # --- the decision ----------------------------------------------------------------
     def decide(self, x: StepInputs) -> bool:
