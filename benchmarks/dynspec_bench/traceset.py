@@ -20,6 +20,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+from sglang_dynspec.tracereplay import row_tokens
+
 GAP_S = 0.3  # an idle gap between runs of decode steps (the harness settles 1.5 s around levels)
 MIN_LEVEL_STEPS = 40  # a warm-up (32 tokens) is shorter than a level
 COMPLETE_SHARE = 0.8  # of the level's decode tokens the trace must hold (speculative steps: bs x acc EMA)
@@ -84,7 +86,7 @@ def level_record(seg: list[dict], level: dict, output_len: int) -> dict:
     known = sorted(s[1] for s in steps if s[1] is not None)
     if known:
         steps[-1][1] = known[len(known) // 2]
-    decode_tokens = sum(s[0] * (s[3] if s[2] and s[3] >= 1.0 else 1.0) for s in steps)
+    decode_tokens = sum(row_tokens(s) for s in steps)
     tokens = int(level["completion_tokens"])
     requests = int(level["requests"])
     # each request's first token comes from its prefill; the decode steps make the rest

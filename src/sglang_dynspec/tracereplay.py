@@ -63,11 +63,17 @@ class TraceSet:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+def row_tokens(row: list) -> float:
+    """Tokens a trace row ``[bs, dt_ms, on, acc]`` produced, by the acceptance estimate of its time
+    (exact totals come from the level's completion tokens)."""
+    return row[0] * (row[3] if row[2] and row[3] >= 1.0 else 1.0)
+
+
 def _level(c: int, mode: str, raw: dict) -> LevelTrace:
     rows = raw["steps"]
     med = median(r[1] for r in rows) / 1e3
     tokens = raw["completion_tokens"] - raw["requests"]  # first tokens come from the prefills
-    weights = [r[0] * (r[3] if r[2] and r[3] >= 1.0 else 1.0) for r in rows]
+    weights = [row_tokens(r) for r in rows]
     scale = tokens / sum(weights) if sum(weights) else 1.0
     extra = [max(r[1] / 1e3 - DECODE_SHARE_CAP * med, 0.0) for r in rows]
     # The level's first C requests were admitted before its first step; the rest replace
