@@ -72,7 +72,7 @@ class Controller:
         agree: AgreeFn | None = None,
         hook: Any = None,
         clock: Callable[[], float] = time.perf_counter,
-        accept_alpha: float = 0.05,
+        accept_memory_rows: float = 256.0,
     ):
         self.policy = policy
         self.policy_name = getattr(policy, "name", type(policy).__name__)
@@ -89,7 +89,7 @@ class Controller:
         self.agree = agree
         self.hook = hook  # pluggy hook relay, or None
         self.clock = clock
-        self.accept_alpha = accept_alpha
+        self.accept_memory_rows = accept_memory_rows  # acceptance averages over about this many request-steps
 
         self.costs = CostTable()
         self.prefill = PrefillMeter()
@@ -223,7 +223,9 @@ class Controller:
         self.prefill.add_tokens(decode_bs + accepted_drafts)
         sample = 1.0 + accepted_drafts / decode_bs
         n = self.accept_samples + 1
-        w = max(1.0 / n, self.accept_alpha)
+        # Weighted by rows: a step of one request is one noisy sample (a hard prompt dips it for
+        # a few steps, and a dip that decides "off" is not corrected while off), a step of 100 is many.
+        w = max(1.0 / n, min(1.0, decode_bs / self.accept_memory_rows))
         self.accept_length += w * (sample - self.accept_length)
         self.accept_samples = n
 

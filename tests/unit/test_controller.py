@@ -257,3 +257,40 @@ def test_lockstep_prefill_bursts_give_a_steady_cost_per_token():
             per_token = v.estimate(False, 32) / 32 + v.prefill_stretch(False) * v.requests_per_token()
             worst = max(worst, abs(per_token / truth - 1.0))
     assert worst < 0.02
+
+
+def test_acceptance_averages_over_request_steps_not_decode_steps():
+    # One request per step: a hard prompt's few bad steps are a few samples, not a trend (a dip at
+    # C=1 once decided "off", and acceptance is not measured while off).  Many rows per step: the
+    # estimate follows quickly.
+    c = Controller(build_policy("always", {}))
+    for _ in range(400):
+        c.on_result(1, 2)  # 3.0 tokens per step
+    for _ in range(10):
+        c.on_result(1, 0)  # 1.0
+    assert c.accept_length > 2.8
+    for _ in range(3):
+        c.on_result(128, 0)
+    assert c.accept_length < 1.3
+
+
+def test_prefill_batch_time_is_interpolated_between_measured_sizes():
+    from sglang_dynspec.costs import CostTable, CostView, PrefillMeter
+
+    # H200 pair shape: one request ~30 ms, ten ~50 ms, seventy ~150 ms, two hundred ~190 ms.
+    m = PrefillMeter()
+    for n, ms in ((1, 30.0), (10, 50.0), (70, 150.0), (200, 190.0)):
+        for _ in range(5):
+            m.add_tokens(128 * n)
+            m.observe(True, ms / 1e3, n)
+    v = CostView.from_table(CostTable(), m)
+    assert v.batch_seconds(1) == pytest.approx(0.030)
+    assert v.batch_seconds(5.5) == pytest.approx(0.040)
+    assert v.batch_seconds(70) == pytest.approx(0.150)
+    # a line through them all would charge one request about twice its time (the bug this fixes)
+    a, slope = v.batch_fit
+    assert a + slope > 0.045
+    # beyond the measured sizes: the last point plus the line's slope
+    assert v.batch_seconds(300) == pytest.approx(0.190 + slope * 100)
+    n = v.batch_size_history(True)
+    assert v.prefill_history(True) == pytest.approx(v.batch_seconds(n) / n)

@@ -70,7 +70,7 @@ def view(on_ms, off_ms, sizes=(1, 2, 4, 8, 16, 32, 64, 128)):
 def test_goodput_picks_faster_mode_per_batch_size():
     # spec: 6 ms + 0.2 ms/row; plain: 3 ms + 0.05 ms/row; accept 2.5 tokens.
     v = view(lambda b: 6 + 0.2 * b, lambda b: 3 + 0.05 * b)
-    p = build_policy("goodput", {"min_dwell": 0})
+    p = build_policy("goodput", {"min_dwell": 0, "persist": 1})
     for bs in (1, 4, 8):
         assert p.decide(inputs(bs=bs, prev=True, dwell=50, acc=2.5, samples=100, costs=v)) is True
     for bs in (64, 128):
@@ -89,7 +89,7 @@ def test_goodput_learns_unknown_costs_first():
 
 def test_goodput_hysteresis_and_reprobe():
     v = view(lambda b: 10.0, lambda b: 5.0)  # break-even at accept 2.0
-    p = build_policy("goodput", {"min_dwell": 0, "margin": 0.05, "reprobe_every": 100})
+    p = build_policy("goodput", {"min_dwell": 0, "margin": 0.05, "reprobe_every": 100, "persist": 1})
     # inside the band: stay where we are
     assert p.decide(inputs(bs=4, prev=True, dwell=10, acc=1.95, samples=50, costs=v)) is True
     assert p.decide(inputs(bs=4, prev=False, dwell=10, acc=2.05, samples=50, costs=v)) is False
@@ -126,7 +126,7 @@ def test_goodput_counts_prefills_per_output_token():
     # one at a time (22.7 ms each), after plain ones ten at once (4.7 ms each): plain wins,
     # 0.355 + 4.7/128 vs 0.29 + 22.7/128 ms per token.
     dec_on, dec_off = (lambda b: 6.2 + 0.05 * b), (lambda b: 3.5 + 0.005 * b)
-    p = build_policy("goodput", {"min_dwell": 0})
+    p = build_policy("goodput", {"min_dwell": 0, "persist": 1})
     x = dict(bs=10, prev=True, dwell=50, acc=2.3, samples=100)
     assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, (1, 0.0), (1, 0.0)))) is True
     assert p.decide(inputs(**x, costs=prefill_view(dec_on, dec_off, (1, 22.7), (10, 47.0)))) is False
@@ -196,3 +196,104 @@ def test_dotted_policy_spec():
     p = build_policy(f"{__name__}:Custom", {"flip": True})
     assert p.decide(inputs(bs=2)) is False and p.decide(inputs(bs=3)) is True
     assert p.name == f"{__name__}:Custom"
+
+
+def test_goodput_needs_the_other_mode_to_win_several_decisions_in_a_row():
+    # At C=5 requests are replaced one at a time: the batch alternates 5/4 and with it the ranking
+    # (speculation ~6 % ahead at 5, plain ~6 % ahead at 4 here).  Deciding on each step's batch
+    # flapped between the modes every dwell.
+    off_ms = {4: 4.3, 5: 4.8}
+    v = view(lambda b: 10.0, lambda b: off_ms.get(b, 3.0 + 0.3 * b), sizes=(1, 2, 4, 5, 8, 16))
+    probe = build_policy("goodput", {})
+    c5 = probe.seconds_per_token(inputs(bs=5, acc=2.2, costs=v))
+    c4 = probe.seconds_per_token(inputs(bs=4, acc=2.2, costs=v))
+    assert c5[1] / c5[0] > 1.05 and c4[1] / c4[0] < 0.95  # each size alone would switch
+
+    def switches(policy, sizes, prev=True, dwell=50):
+        n = 0
+        for bs in sizes:
+            d = policy.decide(inputs(bs=bs, prev=prev, dwell=dwell, acc=2.2, samples=100, costs=v))
+            n += d != prev
+            dwell = dwell + 1 if d == prev else 1
+            prev = d
+        return n, prev
+
+    assert switches(build_policy("goodput", {"min_dwell": 0, "persist": 1}), [5, 4] * 100)[0] > 50
+    p = build_policy("goodput", {"min_dwell": 0})
+    n, prev = switches(p, [5, 4] * 100 + [5])
+    assert n == 0 and prev is True
+    # a lasting change still switches, at the persist-th decision in a row
+    assert switches(p, [4] * 7, prev=True) == (0, True)
+    assert switches(p, [4], prev=True) == (1, False)
+
+
+def test_goodput_end_of_a_trial_is_judged_without_the_incumbents_margin():
+    # plain decode 3 % ahead: within the margin.  Entered by choice, plain stays; entered by a trial,
+    # the toss-up goes to speculation.
+    dec_on, dec_off = (lambda b: 6.2 + 0.05 * b), (lambda b: 3.5 + 0.005 * b)
+    v = prefill_view(dec_on, dec_off, (1, 22.0), (1, 22.0), stretch_off=(4, 88.0))
+    x = dict(bs=10, samples=100, costs=v)
+    lo, hi = 1.0, 5.0  # the acceptance where plain decode is ~3 % ahead
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        c_on, c_off, _ = build_policy("goodput", {}).seconds_per_token(inputs(bs=10, acc=mid, costs=v))
+        lo, hi = (mid, hi) if c_on / c_off > 1.03 else (lo, mid)
+    x["acc"] = mid
+    chosen = build_policy("goodput", {"min_dwell": 0})
+    assert chosen.decide(inputs(**x, prev=False, dwell=50)) is False
+    tried = build_policy("goodput", {"min_dwell": 0, "trial_lifetimes": 0.01})
+    assert tried.decide(inputs(**x, prev=True, dwell=50, new_load=True)) is False
+    assert tried.explain()["why"] == "trial"
+    while tried.decide(inputs(**x, prev=False, dwell=10)) is False:
+        assert tried.explain()["why"] == "trial"
+    assert tried.explain()["why"] == "model"
+
+
+def test_goodput_tries_plain_decode_where_it_was_never_timed():
+    # Plain decode timed only at bs 1-2: its bs-10 figure is an extrapolation and says it loses even
+    # with free prefills; a burst still gets a trial (on the H200 that extrapolation read 4.7 ms for
+    # a 3.6 ms step).
+    t = CostTable()
+    for bs in (1, 2, 4, 8, 16):
+        for _ in range(5):
+            t.observe(True, bs, (6.0 + 0.05 * bs) / 1e3)
+    for bs, ms in ((1, 3.4), (2, 3.6)):
+        for _ in range(5):
+            t.observe(False, bs, ms / 1e3)
+    m = PrefillMeter()
+    for _ in range(3):
+        m.add_tokens(128)
+        m.observe(True, 0.022, 1)
+    v = CostView.from_table(t, m)
+    p = build_policy("goodput", {"min_dwell": 0})
+    x = inputs(bs=10, prev=True, dwell=50, acc=2.4, samples=100, costs=v, new_load=True)
+    c_on, _, c_free = p.seconds_per_token(x)
+    assert c_free > c_on  # by the extrapolation plain decode cannot win
+    assert p.decide(x) is False and p.explain()["why"] == "trial"
+    # once bs 10 has been timed (and is as slow as extrapolated), no trial
+    for _ in range(5):
+        t.observe(False, 10, (3.4 + 0.2 * 9) / 1e3)
+    v2 = CostView.from_table(t, m)
+    q = build_policy("goodput", {"min_dwell": 0})
+    assert q.decide(inputs(bs=10, prev=True, dwell=50, acc=2.4, samples=100, costs=v2, new_load=True)) is True
+
+
+def test_goodput_probes_a_near_tie_soon_and_a_clear_loss_late():
+    v = view(lambda b: 10.0, lambda b: 5.0)  # break-even at accept 2.0
+    p = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 1000})
+    near = dict(bs=4, prev=False, acc=1.92, samples=50, costs=v)  # plain ~4 % ahead
+    assert p.decide(inputs(**near, dwell=63)) is False
+    assert p.decide(inputs(**near, dwell=64)) is True and p.explain()["why"] == "probe"
+    clear = dict(near, acc=1.5)  # plain 33 % ahead: not before reprobe_every (and only if hopeful)
+    assert p.decide(inputs(**clear, dwell=64)) is False
+    assert p.decide(inputs(**clear, dwell=1000)) is True
+
+
+def test_goodput_dwell_ends_when_the_batch_doubles_or_halves():
+    v = view(lambda b: 6.0 + 0.3 * b, lambda b: 3.0 + 0.02 * b)
+    p = build_policy("goodput", {"min_dwell": 16, "persist": 1})
+    assert p.decide(inputs(bs=2, acc=2.4, samples=100, costs=v)) is True  # entered at bs 2
+    assert p.decide(inputs(bs=3, prev=True, dwell=2, acc=2.4, samples=100, costs=v)) is True
+    assert p.explain()["why"] == "dwell"
+    assert p.decide(inputs(bs=64, prev=True, dwell=3, acc=2.4, samples=100, costs=v)) is False
+    assert p.explain()["why"] == "model"

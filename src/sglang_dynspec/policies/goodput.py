@@ -15,19 +15,23 @@ its figure is its history.
 Exploration is bounded: speculation first until acceptance is known, then one short stretch of
 plain decode; a *plain trial* of about one request lifetime when a burst of new requests
 arrives and plain decode could win if it batches their successors well (the only way to learn
-that); and after ``reprobe_every`` plain steps a short speculative probe if speculation could win with
-1.5x today's acceptance (after 4x as long in any case, in case its costs are stale).  Hysteresis (``margin``) and ``min_dwell`` stop flapping.
+that); after ``reprobe_near`` plain steps a short speculative probe if the modes are within two margins
+(acceptance is not measured while off; the dip that decided it may be gone); after ``reprobe_every``
+plain steps one if speculation could win with 1.5x today's acceptance (after 4x as long in any
+case, in case its costs are stale).  Hysteresis (``margin``) and ``min_dwell`` stop flapping; the
+end of a trial is judged without it, so a toss-up speculates.
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from ..costs import STRETCH_MIN_REQUESTS
+from ..costs import MIN_SAMPLES, STRETCH_MIN_REQUESTS
 from .base import PolicyArgs, StepInputs, parse_args
 
 REPROBE_ACCEPT_FACTOR = 1.5  # a probe is worth it only if this much more acceptance would win
 STALE_PROBE_FACTOR = 4  # ... or after this many reprobe intervals, whatever the estimates say
+BATCH_MOVED = 2.0  # a batch this many times larger or smaller than at the last switch ends the dwell
 
 
 class GoodputArgs(PolicyArgs):
@@ -38,6 +42,9 @@ class GoodputArgs(PolicyArgs):
     trial_lifetimes: float = Field(1.25, gt=0.0, le=10.0,
                                    description="length of a plain trial after a burst, in request lifetimes")
     trial_max_steps: int = Field(4096, ge=1, description="upper bound of a plain trial, in decode steps")
+    persist: int = Field(8, ge=1, description="model decisions in a row the other mode must win before a switch")
+    reprobe_near: int = Field(256, ge=1, description="plain steps after which speculation is probed again "
+                                                       "when the estimates are within 2 margins")
 
 
 class Goodput:
@@ -51,9 +58,14 @@ class Goodput:
         self.reprobe = a.reprobe_every
         self.trial_lifetimes = a.trial_lifetimes
         self.trial_max = a.trial_max_steps
+        self.reprobe_near = a.reprobe_near
+        self.persist = a.persist
         # Policy state depends only on rank-identical inputs, so every TP rank holds the same.
         self.trial_left = 0
         self.trial_steps = 0
+        self.after_trial = False
+        self._entry_bs = 0  # decode batch size when the current mode was entered
+        self._against = 0  # model decisions in a row that favoured the other mode
         self._why = "start"
         self._c_on: float | None = None
         self._c_off: float | None = None
@@ -77,6 +89,12 @@ class Goodput:
 
     # --- the decision ----------------------------------------------------------------
     def decide(self, x: StepInputs) -> bool:
+        d = self._decide(x)
+        if d != x.previous:
+            self._entry_bs = x.decode_bs
+        return d
+
+    def _decide(self, x: StepInputs) -> bool:
         prev = x.previous
         v = x.costs
         if v is None or x.accept_samples < self.min_accept or v.estimate(True, x.decode_bs) is None:
@@ -86,9 +104,12 @@ class Goodput:
             return self._say(False, "learn off", None)
         c_on, c_off, c_free = c
         rho = v.requests_per_token()
-        if x.new_load and prev is not False and rho > 0 and c_free < c_on:
+        unmeasured = v.samples(False, x.decode_bs) < MIN_SAMPLES
+        if x.new_load and prev is not False and rho > 0 and (c_free < c_on or unmeasured):
             # Plain decode could win if it batches the successors of this burst: only a stretch
-            # of it from now on shows whether it does.
+            # of it from now on shows whether it does.  Also when plain decode was never timed at
+            # this batch size: an estimate extrapolated from small batches (4.7 ms for a 3.6 ms
+            # step at bs 10 in the H200 traces) must not rule it out.
             self.trial_left = min(self.trial_max, int(self.trial_lifetimes / rho) + 1)
             self.trial_steps = 0
         if self.trial_left > 0:
@@ -97,14 +118,29 @@ class Goodput:
             seen = v.stretch_requests(False) >= min(STRETCH_MIN_REQUESTS, x.decode_bs)
             if self.trial_left == 0 and not seen and self.trial_steps < self.trial_max:
                 self.trial_left = 1  # its successors have not been prefilled yet (or not agreed)
+            if self.trial_left == 0:
+                self.after_trial = True
             return self._say(False, "trial", c)
-        if prev is not None and x.steps_in_mode < self.min_dwell:
+        if prev is not None and x.steps_in_mode < self.min_dwell and not self._batch_moved(x.decode_bs):
             return self._say(prev, "dwell", c)
         g = c_off / c_on
-        if prev is None or prev:
+        after_trial, self.after_trial = self.after_trial, False
+        if prev is None or after_trial:
+            # A trial ran plain decode to measure it, not because it was chosen: its end is judged
+            # as from speculation, so that a toss-up speculates (plain decode carries the draft
+            # sync and draft prefill; the incumbent's margin would keep it for no gain).
+            self._against = 0
             return self._say(g >= 1.0 - self.margin, "model", c)
+        if prev:
+            return self._contest(True, g < 1.0 - self.margin, c)
         if g > 1.0 + self.margin:
-            return self._say(True, "model", c)
+            return self._contest(False, True, c)
+        self._against = 0
+        if x.steps_in_mode >= self.reprobe_near and g > 1.0 - 2.0 * self.margin and \
+                x.steps_in_mode % self.reprobe_near == 0:
+            # A near tie decided off: the acceptance behind it may have been a dip (it is not
+            # measured while off), so look again soon; a probe costs little where the modes are close.
+            return self._say(True, "probe", c)
         if x.steps_in_mode >= self.reprobe:
             # Acceptance may have changed, or the speculative costs be stale: probe if more
             # acceptance could win, and in any case after STALE_PROBE_FACTOR x as long.
@@ -113,6 +149,24 @@ class Goodput:
                     x.steps_in_mode % (STALE_PROBE_FACTOR * self.reprobe) == 0:
                 return self._say(True, "probe", c)  # dwell holds it min_dwell steps
         return self._say(False, "model", c)
+
+    def _contest(self, prev: bool, other_wins: bool, c) -> bool:
+        """Switch only once the other mode has won ``persist`` model decisions in a row: at C=5 the batch alternates 4/5 as requests are replaced, and the modes'
+        ranking with it; deciding on each step's batch flapped between them every dwell."""
+        if not other_wins:
+            self._against = 0
+            return self._say(prev, "model", c)
+        self._against += 1
+        if self._against >= self.persist:
+            self._against = 0
+            return self._say(not prev, "model", c)
+        return self._say(prev, "persist", c)
+
+    def _batch_moved(self, bs: int) -> bool:
+        # The dwell holds a decision made for one batch size; a load that doubled or halved since
+        # (a ramp at a new load) is a new question.
+        e = self._entry_bs
+        return e > 0 and (bs >= BATCH_MOVED * e or bs * BATCH_MOVED <= e)
 
     def _say(self, decision: bool, why: str, c) -> bool:
         self._why = why
