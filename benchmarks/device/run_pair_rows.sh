@@ -12,9 +12,9 @@
 #           32..256: 3 cycles of LOW 2 req/s and HIGH 50 req/s, 10 s phases (shrunk to fit the deadline, not
 #           below 6 s; skipped, and recorded, when even that does not fit: row 3 comes first).
 #   row2    SGLang 0.5.15 (its own bundle and unpack, not a warm machine's 0.5.12): the GPU tests
-#           (tests/gpu via run_sweep.sh pytest) first, beside the pair build when there is no pair to reuse
-#           (the build then finishes before any sweep server starts: both at once would not fit in memory
-#           and would disturb the timings), then off / on@topk4 / dynspec:goodput@topk4 (topk 4, 2 steps,
+#           (tests/gpu via run_sweep.sh pytest) first, beside the pair build when there is no pair to reuse;
+#           the sweep's servers start after both (beside the tests' servers they would not fit in GPU memory,
+#           and the tests would disturb the timings), then off / on@topk4 / dynspec:goodput@topk4 (topk 4, 2 steps,
 #           16 draft tokens) at C = 1,5,30,100,250, greedy, 128 tokens, accept pass of on@topk4 at t=0.
 #
 # Usage, from the repository root; carry .gpu-bundle and dist (row2: .gpu-bundle-0.5.15 and dist; never .pair):
@@ -25,19 +25,20 @@
 # row2 also <prefix>-row2-gpu-tests-logs.tar.xz (pytest.txt, junit.xml, the tests' server logs) and
 # <prefix>-row2-gpu-tests.txt (pytest's short summary).
 #
-# Time (s from start; pairx2c-*-logs.tar.xz: build 228, three servers ready ~80 s after their weights,
-# row-1 levels 45 + 55 + 68 with 8×C requests; pairx2-g1: row-3 levels 53 + 61 + 63 with 400 at C=100;
-# gpu-tests-0512: 55-80 s per test server start, ~60 s per further server of a test):
-#   row1, pair built (cold machine): servers ready ~280, accept 5, levels ~215 (32 requests at C=1,2 add
-#     ~45 s) → ~500, + stop/pack ~15 → ~515 (the deadline may cut C=250 when the build runs slow).
-#     Pair reused: ~90 + 5 + 215 + 15 → ~325.
-#   rows34, pair reused: servers ~90, row 3 ~180 → ~270, trace 3 × (60 + 10) → ~480, + 15 → ~495.
-#     Cold (pair built): row 3 ends ~460, leaving the trace too little (skipped) → ~475.
-#   row2, pair reused: unpack ~5, tests ~240 (-n 3: e2e ~110 s beside the two spec_v2 shapes, 3 servers
-#     each), sweep servers ~80 → ~325, accept 5, levels ~180 → deadline (540) may cut C=250 → ~555.
-#     Cold: tests beside the build (~240 / ~260 under contention) → about the same; the build then trains
-#     fewer steps (time-budgeted, sharing the GPU), so that pair is weaker than row 1's.
-#   Machine start + transfers add 30-60 s per call: three calls use ~26-28 of the 30 device-minutes.
+# Time (s from start; pairx2c-*-logs.tar.xz: build 228 s, three servers ready at ~277 (~80 s after their
+# weights), row-1 levels 45 + 55 + 68 s with 8×C requests; pairx2-g1: row-3 levels 53 + 61 + 63 s with 400
+# requests at C=100; gpu-tests-0512: a test's first server ~80 s, each further one ~60 s):
+#   row1   cold (builds): servers ~280, accept 5, levels ~195 (32 requests at C=1,2 add ~25 s) → ~480,
+#          + stop/pack ~15 → ~495.  Warm (pair reused): servers ~85 → ~300.
+#   rows34 warm: servers ~85, row 3 ~180 → ~265, trace 3 modes × (6 × 10 s + ~6) → ~465, + 15 → ~480.
+#          Cold: row 3 ends ~460; the trace (>= 3 × (36 + 10) s) no longer fits and is skipped → ~475.
+#   row2   warm: unpack ~5, tests ~240 (-n 3: e2e beside the topk1 and topk4 spec_v2 tests, 2-3 servers
+#          in a row each; bounded at 330), sweep servers ~85-100 (topk 4 graphs to bs 256) → ~335, accept 6,
+#          levels ~180 → ~520, + 15 → ~535; tests that run to 330 leave the levels ~120 s (C=250, maybe
+#          C=100 cut). Cold: the build (~230-260 s, slowed by the tests' servers; time-budgeted, so
+#          that pair trains fewer steps than row 1's) ends before the tests → about the same.
+#   Calls return by ~560 s at worst (harness deadline 540 + stop/pack); with 30-60 s of machine start and
+#   transfers each, the three take ~26-28 of the 30 device-minutes.
 #
 # Env knobs (defaults in brackets; run_pair.sh's DYNSPEC_PAIR_* also apply unless set here):
 #   DYNSPEC_ROWS_END_S    the call's wall-time target: the harness deadline is this less DYNSPEC_ROWS_PACK_S [560]
@@ -131,7 +132,10 @@ case "$ROW" in
     RC=$? ;;
   rows34)
     TRACE=${DYNSPEC_ROWS4_TRACE:-2,50,10,3}
-    TRACE_ARGS=(--add-trace "$TRACE" --add-trace-min-phase-s "${DYNSPEC_ROWS4_MIN_PHASE_S:-6}"
+    # The plan refuses a minimum above the phase (the harness would stop before any level): cap it.
+    MIN_PHASE=$(awk -v m="${DYNSPEC_ROWS4_MIN_PHASE_S:-6}" -v p="$(cut -d, -f3 <<<"$TRACE")" \
+      'BEGIN { print (p != "" && p + 0 < m + 0) ? p : m }')
+    TRACE_ARGS=(--add-trace "$TRACE" --add-trace-min-phase-s "$MIN_PHASE"
                 --add-trace-temperature "${DYNSPEC_ROWS4_TEMP:-0}" --add-trace-output-len-range "${DYNSPEC_ROWS4_LEN_RANGE:-32,256}")
     [ "$TRACE" = none ] && TRACE_ARGS=()
     DYNSPEC_PAIR_MODES=${DYNSPEC_ROWS_MODES:-off,on,dynspec:goodput} DYNSPEC_PAIR_C=${DYNSPEC_ROWS3_C:-1,10,100} \
