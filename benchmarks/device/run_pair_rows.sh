@@ -107,12 +107,21 @@ gpu_tests() {
   local name=$P-row2-gpu-tests budget args
   budget=$(( ${DYNSPEC_ROWS2_TESTS_END_S:-330} - ($(date +%s) - T0) ))
   [ "$budget" -ge 60 ] || budget=60
+  local per_test=$budget
   read -r -a args <<<"${DYNSPEC_ROWS2_PYTEST_ARGS:--n 3}"
   if [ "${#args[@]}" -gt 0 ] && [ "${args[0]}" = -n ] && ! python3 -c 'import xdist' 2>/dev/null; then
-    note "WARNING: no pytest-xdist here: the GPU tests run one after the other"; args=("${args[@]:2}")
+    # --timeout is per test: one after the other, the three GPU tests share the budget.
+    per_test=$(( budget / 3 )); args=("${args[@]:2}")
+    note "WARNING: no pytest-xdist here: the GPU tests run one after the other, ${per_test}s each at most"
   fi
-  if python3 -c 'import pytest_timeout' 2>/dev/null; then args+=(--timeout "$budget")
-  else note "WARNING: no pytest-timeout here: the GPU tests are not bounded by the deadline"; fi
+  if python3 -c 'import pytest_timeout' 2>/dev/null; then
+    args+=(--timeout "$per_test")
+    # pytest-timeout >= 2.3 also bounds the whole session (per xdist worker).
+    # (grep reads it all: with -q it would stop early and pipefail would see pytest's SIGPIPE.)
+    python3 -m pytest --help 2>/dev/null | grep -- --session-timeout >/dev/null && args+=(--session-timeout "$budget")
+  else
+    note "WARNING: no pytest-timeout here: the GPU tests are not bounded by the deadline"
+  fi
   note "GPU tests: pytest ${args[*]} (to end within ${budget}s)"
   DYNSPEC_TRACE=0 DYNSPEC_NAME=$name DYNSPEC_PACK_FILES= bash "$REPO/benchmarks/device/run_sweep.sh" pytest \
     "${args[@]}" > "/tmp/$name.console" 2>&1
