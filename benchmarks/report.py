@@ -107,7 +107,16 @@ def _trace_short(rec: dict, names: list[str]) -> list[str]:
         return []
     modes = rec.get("modes") or {}
     dyn = summ["dynspec_modes"]
-    lines = ["| phase | " + " | ".join(f"{n} TPOT / TTFT p50 ms" for n in names)
+    at = (rec.get("settings") or {}).get("added_trace") or {}
+    head = []
+    if at.get("phase_s"):
+        # Records older than the trace's own sampling options have neither key: the levels' then.
+        lens = at["output_len_range"] or (rec.get("settings") or {}).get("output_len") \
+            if "output_len_range" in at else "as the levels"
+        head = [f"Trace: {at.get('low_rate_per_s')} / {at.get('high_rate_per_s')} requests/s, {at.get('phase_s')} s "
+                f"phases × {at.get('cycles')} cycles, temperature {at.get('temperature', 'as the levels')}, "
+                f"output tokens {lens}", ""]
+    lines = head + ["| phase | " + " | ".join(f"{n} TPOT / TTFT p50 ms" for n in names)
              + "".join(f" | {d} ÷ better static, TPOT / TTFT p50 (lower is better)" for d in dyn) + " |",
              "|---|" + "---:|" * (len(names) + len(dyn))]
     for p in summ["phases"]:

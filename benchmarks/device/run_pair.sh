@@ -20,6 +20,15 @@
 #                         logs: into the logs tarball instead (as pair-build.log and pair.json), so
 #                         that two runs stay within the 8 files that come back
 #   DYNSPEC_PAIR_DIR      where the pair is written (default /tmp/pair; weights never come back)
+#   DYNSPEC_PAIR_REUSE    1: if DYNSPEC_PAIR_DIR already holds a complete pair of this target kind (an
+#                         earlier call's on a warm machine: pair.json with "done": true, which build_pair
+#                         writes last, the target's and draft's model.safetensors, prompts.json), skip the
+#                         build and start the servers at once. The build log then holds the earlier call's
+#                         (kept in the pair as build.log) under a line saying so, and the manifest the
+#                         result embeds is a copy of pair.json with "reused": {by, at, built_at}.
+#                         Unset/0: always build (the folder is emptied first), as before.
+#   DYNSPEC_PAIR_BUILD_ONLY 1: build (or, with REUSE, find) the pair and exit with the build's status;
+#                         no servers (a caller that must do something else on the GPU before the sweep)
 #   DYNSPEC_PAIR_BUILD_ARGS extra build_pair arguments, word-split (e.g. toy sizes for a dry run)
 #   DYNSPEC_PAIR_BUILDER  python module that builds the pair (default benchmarks.models.build_pair; a
 #                         CPU dry run substitutes benchmarks.dynspec_bench.testing.fake_build)
@@ -47,6 +56,8 @@ NAME=${DYNSPEC_PAIR_NAME:-pair-sweep}
 ACCEPT_MODES=${DYNSPEC_PAIR_ACCEPT_MODES-on@topk4}
 ACCEPT_T=${DYNSPEC_PAIR_ACCEPT_T-0,0.7}
 SIDE=${DYNSPEC_PAIR_SIDE:-out}
+REUSE=${DYNSPEC_PAIR_REUSE:-0}
+BUILD_ONLY=${DYNSPEC_PAIR_BUILD_ONLY:-0}
 mkdir -p "$OUT"
 note() { echo "[run_pair +$(( $(date +%s) - T0 ))s] $*"; }
 case "$SIDE" in
@@ -86,22 +97,54 @@ if ! python3 -c "import torch, tokenizers, safetensors" 2>/dev/null; then
   BUILD_PYPATH=$REPO:$SITE
 fi
 
-note "building the pair ($KIND target) into $PAIR"
-rm -rf "$PAIR"; mkdir -p "$PAIR"
 FAILED=$PAIR/BUILD_FAILED
-# The build runs in the background; the harness starts each server as soon as the weights it
-# needs exist (--wait-for-weights: `off` once the target is exported, while the draft trains).
-(
-  PYTHONPATH=$BUILD_PYPATH PYTHONUNBUFFERED=1 python3 -m "${DYNSPEC_PAIR_BUILDER:-benchmarks.models.build_pair}" \
-    --out "$PAIR" --target-seconds "${DYNSPEC_PAIR_TARGET_S:-120}" --draft-seconds "${DYNSPEC_PAIR_DRAFT_S:-65}" \
-    "${PAD[@]}" ${DYNSPEC_PAIR_BUILD_ARGS:-} > "$BUILD_LOG" 2>&1
-  rc=$?
-  [ $rc -eq 0 ] || { echo "build_pair exit $rc" > "$FAILED"; }
-  exit $rc
-) &
-BUILD_PID=$!
+MANIFEST=$PAIR/pair.json
+BUILD_PID=
+# Complete = what the sweep needs exists, and build_pair's last write (pair.json "done": true) happened.
+pair_complete() {
+  [ -f "$MODEL/model.safetensors" ] && [ -f "$PAIR/draft/model.safetensors" ] && [ -f "$PAIR/prompts.json" ] \
+    && [ ! -e "$FAILED" ] && python3 -c \
+    'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("done") is True else 1)' "$MANIFEST" 2>/dev/null
+}
+if [ "$REUSE" = 1 ] && pair_complete; then
+  BUILT_AT=$(date -u -r "$MANIFEST" +%Y-%m-%dT%H:%M:%SZ)
+  note "DYNSPEC_PAIR_REUSE: the complete pair ($KIND target) in $PAIR, built $BUILT_AT, is reused: no build"
+  { echo "[run_pair] $NAME: reused the complete pair in $PAIR (pair.json written $BUILT_AT) instead of building;" \
+         "the log of the call that built it follows"
+    cat "$PAIR/build.log" 2>/dev/null || echo "[run_pair] (that call kept no build.log)"; } > "$BUILD_LOG"
+  # The result embeds a copy that says so; the pair's own pair.json stays as built.
+  mkdir -p "$PAIR-side"
+  python3 - "$MANIFEST" "$PAIR-side/pair.json" "$NAME" "$BUILT_AT" <<'PY' && MANIFEST=$PAIR-side/pair.json
+import json, sys, time
+man = json.load(open(sys.argv[1]))
+man["reused"] = {"by": sys.argv[3], "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "built_at": sys.argv[4]}
+open(sys.argv[2], "w").write(json.dumps(man, indent=2) + "\n")
+PY
+else
+  [ "$REUSE" = 1 ] && note "DYNSPEC_PAIR_REUSE: no complete pair in $PAIR; building it"
+  note "building the pair ($KIND target) into $PAIR"
+  rm -rf "$PAIR"; mkdir -p "$PAIR"
+  # The build runs in the background; the harness starts each server as soon as the weights it
+  # needs exist (--wait-for-weights: `off` once the target is exported, while the draft trains).
+  (
+    PYTHONPATH=$BUILD_PYPATH PYTHONUNBUFFERED=1 python3 -m "${DYNSPEC_PAIR_BUILDER:-benchmarks.models.build_pair}" \
+      --out "$PAIR" --target-seconds "${DYNSPEC_PAIR_TARGET_S:-120}" --draft-seconds "${DYNSPEC_PAIR_DRAFT_S:-65}" \
+      "${PAD[@]}" ${DYNSPEC_PAIR_BUILD_ARGS:-} > "$BUILD_LOG" 2>&1
+    rc=$?
+    # Kept with the pair, for the log of a later call that reuses it.
+    if [ $rc -eq 0 ]; then cp "$BUILD_LOG" "$PAIR/build.log"; else echo "build_pair exit $rc" > "$FAILED"; fi
+    exit $rc
+  ) &
+  BUILD_PID=$!
+fi
 # run_sweep.sh must not start before SGLang is unpacked (it would unpack a second copy).
 [ -n "$UNTAR_PID" ] && { wait "$UNTAR_PID" || note "background unpack failed; run_sweep.sh unpacks again"; }
+if [ "$BUILD_ONLY" = 1 ]; then
+  BUILD_RC=0
+  [ -n "$BUILD_PID" ] && { wait "$BUILD_PID"; BUILD_RC=$?; tail -3 "$BUILD_LOG"; }
+  note "DYNSPEC_PAIR_BUILD_ONLY: pair in $PAIR $([ -n "$BUILD_PID" ] && echo "built, exit $BUILD_RC" || echo reused); no sweep"
+  exit "$BUILD_RC"
+fi
 
 # C=250 needs a 256 graph and running-request cap; real weights, so no --load-format dummy.
 FLAGS="--skip-tokenizer-init --attention-backend triton --sampling-backend pytorch \
@@ -111,7 +154,7 @@ ACCEPT=()
 [ -n "$ACCEPT_T" ] && ACCEPT+=(--accept-temperatures "$ACCEPT_T")
 [ -n "$ACCEPT_MODES" ] && ACCEPT+=(--accept-only "$ACCEPT_MODES")
 PACK=
-[ "$SIDE" = logs ] && PACK="$BUILD_LOG $PAIR/pair.json"
+[ "$SIDE" = logs ] && PACK="$BUILD_LOG $MANIFEST"
 LEFT=$(( END_S - ($(date +%s) - T0) ))
 note "servers wait for their weights; accept pass + sweep, $LEFT s until the deadline"
 DYNSPEC_NAME=$NAME DYNSPEC_BUDGET_S=$LEFT DYNSPEC_SITE=$SITE DYNSPEC_BUNDLE=$BUNDLE OUT=$OUT \
@@ -119,13 +162,14 @@ DYNSPEC_NAME=$NAME DYNSPEC_BUDGET_S=$LEFT DYNSPEC_SITE=$SITE DYNSPEC_BUNDLE=$BUN
   bash "$REPO/benchmarks/device/run_sweep.sh" sweep \
   --wait-for-weights "${DYNSPEC_PAIR_WAIT_S:-420}" --wait-abort-file "$FAILED" \
   --model "$MODEL" --draft "$PAIR/draft" --prompts-file "$PAIR/prompts.json" --kind pair \
-  --modes "$MODES" "${ACCEPT[@]}" --pair-manifest "$PAIR/pair.json" \
+  --modes "$MODES" "${ACCEPT[@]}" --pair-manifest "$MANIFEST" \
   -C "$LEVELS" --input-len 256 --output-len 128 --max-requests "${DYNSPEC_PAIR_MAX_REQ:-600}" \
   --common-flags "$FLAGS" "$@"
 RC=$?
-wait "$BUILD_PID"; BUILD_RC=$?
-[ "$SIDE" = out ] && cp "$PAIR/pair.json" "$OUT/pair-manifest.json" 2>/dev/null
+BUILD_RC=0
+[ -n "$BUILD_PID" ] && { wait "$BUILD_PID"; BUILD_RC=$?; }
+[ "$SIDE" = out ] && cp "$MANIFEST" "$OUT/pair-manifest.json" 2>/dev/null
 tail -5 "$BUILD_LOG"
-note "done (build exit $BUILD_RC, sweep exit $RC); $KIND target; build log and manifest: $([ "$SIDE" = out ] && echo "$OUT" || echo "$OUT/$NAME-logs.tar.xz")"
+note "done ($([ -n "$BUILD_PID" ] && echo "build exit $BUILD_RC" || echo "pair reused"), sweep exit $RC); $KIND target; build log and manifest: $([ "$SIDE" = out ] && echo "$OUT" || echo "$OUT/$NAME-logs.tar.xz")"
 [ "$BUILD_RC" -eq 0 ] || exit 3
 exit "$RC"

@@ -54,11 +54,21 @@ def _floats(text: str, field: str) -> list[float]:
     return _number_list(text, field, float, "numbers >= 0", lambda v: v >= 0)
 
 
-def _len_range(text: str) -> tuple[int, int]:
-    vals = _ints(text, "--output-len-range")
+def _len_range(text: str, field: str = "--output-len-range") -> tuple[int, int]:
+    vals = _ints(text, field)
     if len(vals) != 2 or vals[0] > vals[1]:
-        raise argparse.ArgumentTypeError(f"--output-len-range: expected LO,HI with LO <= HI, got {text!r}")
+        raise argparse.ArgumentTypeError(f"{field}: expected LO,HI with LO <= HI, got {text!r}")
     return vals[0], vals[1]
+
+
+def _temperature(text: str, field: str) -> float:
+    try:
+        val = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{field}: expected a number >= 0, got {text!r}") from None
+    if not (math.isfinite(val) and val >= 0):
+        raise argparse.ArgumentTypeError(f"{field}: expected a number >= 0, got {text!r}")
+    return val
 
 
 def _json_obj(text: str | None, field: str) -> dict | None:
@@ -145,7 +155,8 @@ def _server_cfg(args, max_c: int, name: str) -> ServerConfig:
         print(f"[dynspec-bench] deterministic inference: {'on' if det else 'off'} ({why})", flush=True)
     mtt = args.max_total_tokens
     if mtt is None:
-        out_len = max(args.output_len, *(getattr(args, "output_len_range", None) or [0]))
+        out_len = max(args.output_len, *(getattr(args, "output_len_range", None) or [0]),
+                      *(getattr(args, "add_trace_output_len_range", None) or [0]))
         need = max_c * (args.input_len + out_len + 64)
         # Floor: small pools make SGLang shrink its prefill chunk and queue requests.
         mtt = max(32768, int(math.ceil(need / 4096) * 4096))
@@ -190,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="mode: each mode's levels in turn; level: every mode at one C before the next C "
                             "(a deadline then cuts the highest C of all modes, not the last mode's levels)")
         p.add_argument("--requests-factor", type=int, default=8, help="requests per level = factor × C")
-        p.add_argument("--min-requests", type=int, default=8)
+        p.add_argument("--min-requests", type=int, default=8,
+                       help="requests per level at least: max(this, factor × C), then capped by --max-requests")
         p.add_argument("--max-requests", type=int, default=None)
         p.add_argument("--warmup-tokens", type=int, default=32)
         p.add_argument("--prompts-file", default=None, help="JSON list of token-id lists")
@@ -219,6 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
                            help="shortest phase the plan may shrink to (default: 5 s, or PHASE_S if shorter)")
             p.add_argument("--add-trace-overhead-s", type=float, default=10.0,
                            help="seconds per mode the trace plan reserves besides the arrivals (draining, stats)")
+            p.add_argument("--add-trace-temperature", type=lambda t: _temperature(t, "--add-trace-temperature"),
+                           default=None, metavar="T",
+                           help="the added trace's sampling temperature (default: --temperature, as the levels)")
+            p.add_argument("--add-trace-output-len-range", default=None, metavar="LO,HI",
+                           type=lambda t: _len_range(t, "--add-trace-output-len-range"),
+                           help="the added trace's output lengths, drawn uniformly from LO..HI (seeded, the same "
+                                "for every mode; default: the levels' --output-len-range, else --output-len)")
     p = sub.add_parser("fuzz", help="random on/off every step: crashes, leaks, output drift")
     _add_server_args(p)
     p.add_argument("--policy", default="random")
@@ -286,10 +305,17 @@ def main(argv: list[str] | None = None) -> int:
                 trace = alternating_trace(float(low), float(high), float(ps), int(cyc), seed=args.seed)
             max_c = 128
         add_trace = None
+        if args.cmd == "sweep" and not args.add_trace:
+            for opt in ("temperature", "output_len_range"):
+                if getattr(args, f"add_trace_{opt}") is not None:
+                    raise SystemExit(f"--add-trace-{opt.replace('_', '-')}: only with --add-trace (it sets the "
+                                     "added trace's requests; the levels use --temperature / --output-len-range)")
         if getattr(args, "add_trace", None):
             try:
                 add_trace = TracePlan.parse(args.add_trace, min_phase_s=args.add_trace_min_phase_s,
-                                            overhead_s=args.add_trace_overhead_s)
+                                            overhead_s=args.add_trace_overhead_s,
+                                            temperature=args.add_trace_temperature,
+                                            output_len_range=args.add_trace_output_len_range)
             except ValueError as exc:
                 raise SystemExit(f"--add-trace: {exc}") from None
             max_c = max(max_c, 128)  # the high phase's requests in flight, not a closed-loop C

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import math
@@ -46,6 +47,10 @@ class TracePlan:
     min_phase_s: float = 5.0
     # Per mode besides the arrivals: stats reads, the requests of the last phase finishing.
     overhead_s: float = 10.0
+    # The trace's own sampling temperature and output lengths (lo, hi); None: the run's
+    # (SweepConfig.temperature / output_len_range), as for the closed-loop levels.
+    temperature: float | None = None
+    output_len_range: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not (self.low_rate > 0 and self.high_rate > 0 and self.phase_s > 0):
@@ -54,18 +59,28 @@ class TracePlan:
             raise ValueError(f"trace plan: cycles must be >= 1, got {self.cycles}")
         if not 0 < self.min_phase_s <= self.phase_s:
             raise ValueError(f"trace plan: need 0 < min_phase_s <= phase_s, got {self.min_phase_s}, {self.phase_s}")
+        if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"trace plan: temperature must be a number >= 0, got {self.temperature}")
+        if self.output_len_range is not None:
+            lo, hi = self.output_len_range
+            if not 1 <= int(lo) <= int(hi):
+                raise ValueError(f"trace plan: output_len_range needs 1 <= lo <= hi, got {self.output_len_range}")
+            self.output_len_range = (int(lo), int(hi))
 
     @classmethod
-    def parse(cls, text: str, min_phase_s: float | None = None, overhead_s: float = 10.0) -> "TracePlan":
+    def parse(cls, text: str, min_phase_s: float | None = None, overhead_s: float = 10.0,
+              temperature: float | None = None, output_len_range: tuple[int, int] | None = None) -> "TracePlan":
         """``low_rate,high_rate,phase_s,cycles`` (requests/s, requests/s, seconds, count);
         ``min_phase_s`` defaults to 5 s, or phase_s when that is shorter."""
         try:
             low, high, ps, cyc = (x.strip() for x in text.split(","))
             phase_s = float(ps)
-            return cls(float(low), float(high), phase_s, int(cyc),
+            plan = cls(float(low), float(high), phase_s, int(cyc),
                        min_phase_s=min(5.0, phase_s) if min_phase_s is None else min_phase_s, overhead_s=overhead_s)
         except ValueError as exc:
             raise ValueError(f"trace plan {text!r}: expected low_rate,high_rate,phase_s,cycles ({exc})") from None
+        # Checked by __post_init__, with messages of their own (not about the text's shape).
+        return dataclasses.replace(plan, temperature=temperature, output_len_range=output_len_range)
 
     def seconds_per_mode(self, phase_s: float) -> float:
         return 2 * self.cycles * phase_s + self.overhead_s
@@ -201,10 +216,13 @@ class Sweep:
         })
         if cfg.add_trace is not None:
             plan = cfg.add_trace
+            temp, lens = self._trace_sampling()
             self.record["settings"]["added_trace"] = {
                 "low_rate_per_s": plan.low_rate, "high_rate_per_s": plan.high_rate, "cycles": plan.cycles,
                 "phase_s_requested": plan.phase_s, "min_phase_s": plan.min_phase_s,
                 "overhead_s_per_mode": plan.overhead_s, "seed": cfg.seed, "phase_s": None, "arrivals": None,
+                # What the trace's requests ask for (its own, or the run's): null range = output_len each.
+                "temperature": temp, "output_len_range": list(lens) if lens else None,
             }
         self._outputs: dict[str, list] = {}
         self._next_port = cfg.base_port
@@ -334,6 +352,7 @@ class Sweep:
             log(f"added trace: phases shortened to {phase_s} s (requested {plan.phase_s} s) to fit the deadline")
         trace = plan.build(phase_s, seed=self.cfg.seed)
         info.update(phase_s=phase_s, arrivals=len(trace[0]), phases=list(dict.fromkeys(trace[1])))
+        params = self._request_params(len(trace[0]), salt=30_000, sampling=self._trace_sampling())
         for m, srv in measured:
             # Planned to fit; a mode that ran long must not push the rest past the device's limit.
             left = self.cfg.remaining_s()
@@ -344,17 +363,28 @@ class Sweep:
                 self.record["skipped"].append({"mode": m.name, "C": "trace", "why": "server died"})
                 continue
             with phase(self.record, f"trace:{m.name}"):
-                self.record["modes"].setdefault(m.name, {})["trace"] = self._measure_trace(m, srv, trace, warm=False)
+                self.record["modes"].setdefault(m.name, {})["trace"] = self._measure_trace(m, srv, trace, warm=False,
+                                                                                         params=params)
             write_json(self.json_path, self.record)
 
-    def _request_params(self, n: int, salt: int) -> dict | list[dict]:
-        """Sampling params of a level's n requests: one fixed length, or drawn per request."""
+    def _trace_sampling(self) -> tuple[float, tuple[int, int] | None]:
+        """Temperature and output-length range of the added trace: its plan's, else the run's."""
+        plan, cfg = self.cfg.add_trace, self.cfg
+        temp = plan.temperature if plan.temperature is not None else cfg.temperature
+        lens = plan.output_len_range if plan.output_len_range is not None else cfg.output_len_range
+        return temp, lens
+
+    def _request_params(self, n: int, salt: int,
+                        sampling: tuple[float, tuple[int, int] | None] | None = None) -> dict | list[dict]:
+        """Sampling params of a level's n requests: one fixed length, or drawn per request.
+        ``sampling``: (temperature, output-length range or None) instead of the run's."""
         cfg = self.cfg
-        if cfg.output_len_range is None:
-            return sampling_params(cfg.output_len, cfg.temperature)
-        lo, hi = cfg.output_len_range
+        temp, rng = sampling if sampling is not None else (cfg.temperature, cfg.output_len_range)
+        if rng is None:
+            return sampling_params(cfg.output_len, temp)
+        lo, hi = rng
         lens = output_lengths(n, lo, hi, seed=cfg.output_len_seed * 1_000_003 + salt)
-        return [sampling_params(k, cfg.temperature) for k in lens]
+        return [sampling_params(k, temp) for k in lens]
 
     def _accept_pass(self, m: Mode, srv: ServerProcess) -> None:
         """SGLang's accept length of mode ``m`` per temperature, on held-out prompts."""
@@ -432,8 +462,9 @@ class Sweep:
         return level
 
     def _measure_trace(self, m: Mode, srv: ServerProcess, trace: tuple[list[float], list[str] | None],
-                       warm: bool = True) -> dict:
-        """One mode on an open-loop trace; ``warm=False`` when the server has just run the levels."""
+                       warm: bool = True, params: dict | list[dict] | None = None) -> dict:
+        """One mode on an open-loop trace; ``warm=False`` when the server has just run the levels;
+        ``params``: the requests' sampling params (default: the run's temperature and lengths)."""
         cfg = self.cfg
         arrivals, phases = trace
         if warm:
@@ -445,8 +476,9 @@ class Sweep:
             time.sleep(STATS_SETTLE_S)
         before = read_stats(sdir)
         prompts = self.prompts.take(len(arrivals), salt=30_000)
-        results, wall = asyncio.run(open_loop(srv.base_url, prompts, arrivals,
-                                              self._request_params(len(arrivals), salt=30_000), phases,
+        if params is None:
+            params = self._request_params(len(arrivals), salt=30_000)
+        results, wall = asyncio.run(open_loop(srv.base_url, prompts, arrivals, params, phases,
                                               desc=f"trace {m.name}"))
         level = summarize(results, wall)
         self._add_stats(level, sdir, before, ("switches", "decode_steps", "steps_off", "steps_on"))

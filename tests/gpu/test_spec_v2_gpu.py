@@ -1,7 +1,9 @@
 """End to end on a GPU: the spec_v2 off-step gives the same greedy outputs as static EAGLE-3.
 
 Starts one server per mode through the benchmark harness (benchmarks/dynspec_bench), one after
-the other, and compares greedy output ids token by token with the static-EAGLE (``on``) server:
+the other within a draft shape (topk 1; from SGLang 0.5.13 also topk 4 / 16 draft tokens, a test
+of its own so that ``pytest -n`` runs the shapes side by side), and compares greedy output ids
+token by token with that shape's static-EAGLE (``on`` / ``on@topk4``) server:
 
 * ``dynspec:never``  - every decode step is an off-step (plain target decode + draft KV sync);
 * ``dynspec:random`` - on/off switches inside running batches, so resumed speculation reads
@@ -38,17 +40,18 @@ def _harness():
 RANDOM_ARGS = {"seed": 7, "p_on": 0.5, "period": 1}
 
 
-def _modes(sglang_version):
+GROUPS = {"topk1": ["on", "dynspec:never", "dynspec:random"],
+          "topk4": ["on@topk4", "dynspec:never@topk4", "dynspec:random@topk4"]}
+
+
+# One test per draft shape (its own reference `on` server first): with pytest -n they run side by
+# side, so a release with both shapes on spec_v2 takes three server starts, not six, in a row.
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_offstep_outputs_match_static_eagle(tmp_path, sglang_version, serve_and_collect, group):
     from packaging.version import Version
 
-    names = ["on", "dynspec:never", "dynspec:random"]
-    if sglang_version >= Version("0.5.13"):
-        # topk > 1 runs on the v2 worker only from 0.5.13 (0.5.12 routes it to v1).
-        names += ["on@topk4", "dynspec:never@topk4", "dynspec:random@topk4"]
-    return names
-
-
-def test_offstep_outputs_match_static_eagle(tmp_path, sglang_version, serve_and_collect):
+    if group == "topk4" and sglang_version < Version("0.5.13"):
+        pytest.skip(f"sglang {sglang_version} routes topk > 1 to the v1 worker (tests/gpu/test_v1_gpu.py)")
     correctness, modes, server = _harness()
     model = os.environ.get("DYNSPEC_GPU_MODEL", str(BENCH / "models" / "llama8b"))
     draft = os.environ.get("DYNSPEC_GPU_DRAFT", str(BENCH / "models" / "eagle3-llama8b"))
@@ -64,19 +67,19 @@ def test_offstep_outputs_match_static_eagle(tmp_path, sglang_version, serve_and_
     log_dir = Path(os.environ.get("DYNSPEC_GPU_LOG_DIR", tmp_path))
 
     outputs, problems, notes = {}, [], []
-    for i, name in enumerate(_modes(sglang_version)):
+    for i, name in enumerate(GROUPS[group]):
         mode = modes.parse_mode(name)
         # Only `random` takes these; other policies refuse unknown arguments at start.
         mode_cfg = dataclasses.replace(cfg, policy_args=RANDOM_ARGS if mode.policy == "random" else None)
-        spec = modes.build_server_spec(mode, mode_cfg, port=31000 + i)
+        spec = modes.build_server_spec(mode, mode_cfg, port=31000 + 10 * sorted(GROUPS).index(group) + i)
         outs, probs, nts, _ = serve_and_collect(correctness, server, mode, spec, log_dir, prompts,
                                                 max_new_tokens=64, concurrency=8)
         outputs[name] = outs
         problems += probs
         notes += nts
 
+    ref_name = GROUPS[group][0]
     for name, outs in outputs.items():
-        ref_name = "on@topk4" if name.endswith("@topk4") else "on"
         if name == ref_name:
             continue
         cmp = correctness.compare(outputs[ref_name], outs)

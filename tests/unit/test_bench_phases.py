@@ -116,3 +116,19 @@ def test_trace_plan_shrinks_phases_to_fit_or_gives_up():
         TracePlan.parse("2,25,8")
     with pytest.raises(ValueError, match="min_phase_s"):
         TracePlan.parse("2,25,4,3", min_phase_s=6.0)
+
+
+def test_trace_plan_own_temperature_and_lengths_are_checked():
+    pytest.importorskip("aiohttp")
+    from benchmarks.dynspec_bench.sweep import TracePlan
+
+    plan = TracePlan.parse("2,50,10,3", temperature=0, output_len_range=("32", "256"))
+    assert plan.temperature == 0 and plan.output_len_range == (32, 256) and plan.phase_s == 10.0
+    assert TracePlan.parse("2,50,10,3").temperature is None  # default: the run's own
+    with pytest.raises(ValueError, match="temperature must be a number >= 0"):
+        TracePlan.parse("2,50,10,3", temperature=-0.5)
+    with pytest.raises(ValueError, match="temperature"):
+        TracePlan(1, 2, 1, 1, min_phase_s=1, temperature=float("nan"))
+    for bad in ((256, 32), (0, 5)):
+        with pytest.raises(ValueError, match="output_len_range needs 1 <= lo <= hi"):
+            TracePlan.parse("2,50,10,3", output_len_range=bad)

@@ -106,7 +106,7 @@ def test_validate_names_the_bad_field():
         validate(rec)
 
 
-def test_config_and_cli_errors_name_the_field(tmp_path):
+def test_config_and_cli_errors_name_the_field(tmp_path, capsys):
     with pytest.raises(ValueError, match="twice"):
         _cfg(tmp_path, waves=[["off"], ["off"]])
     with pytest.raises(ValueError, match="concurrency"):
@@ -122,17 +122,28 @@ def test_config_and_cli_errors_name_the_field(tmp_path):
             cli.main(["sweep", "--modes", "off", "--output-len-range", bad, "--out-dir", str(tmp_path)])
     with pytest.raises(SystemExit, match="--add-trace"):
         cli.main(["sweep", "--modes", "off", "--add-trace", "2,25,8", "--out-dir", str(tmp_path)])
+    # The added trace's own sampling: bad values are refused naming the option; without
+    # --add-trace the options would do nothing, so they are refused too.
+    for opt, bad in (("--add-trace-temperature", "-1"), ("--add-trace-temperature", "hot"),
+                     ("--add-trace-temperature", "nan"), ("--add-trace-output-len-range", "256,32"),
+                     ("--add-trace-output-len-range", "0,5"), ("--add-trace-output-len-range", "32")):
+        with pytest.raises(SystemExit):
+            cli.main(["sweep", "--modes", "off", "--add-trace", "2,25,8,3", opt, bad, "--out-dir", str(tmp_path)])
+        assert opt in capsys.readouterr().err
+    for opt, val in (("--add-trace-temperature", "0"), ("--add-trace-output-len-range", "32,256")):
+        with pytest.raises(SystemExit, match=f"{opt}: only with --add-trace"):
+            cli.main(["sweep", "--modes", "off", opt, val, "--out-dir", str(tmp_path)])
     with pytest.raises(ValueError, match="add_trace"):
         _cfg(tmp_path, trace=([0.0], None), add_trace=sweep_mod.TracePlan(1, 2, 1, 1, min_phase_s=1))
 
 
 def test_cli_sweep_through_real_launcher(tmp_path, shim_env):
     rc = cli.main(["sweep", "--modes", "off", "-C", "2", "--output-len", "6", "--input-len", "8",
-                   "--correctness-prompts", "2", "--out-dir", str(tmp_path), "--name", "c",
+                   "--correctness-prompts", "2", "--out-dir", str(tmp_path), "--name", "c", "--min-requests", "20",
                    "--base-port", str(free_port()), "--stats-root", str(tmp_path / "s")])
     assert rc == 0
     rec = json.loads((tmp_path / "c.json").read_text())
-    assert rec["modes"]["off"]["2"]["requests"] == 16
+    assert rec["modes"]["off"]["2"]["requests"] == 20  # max(--min-requests, 8 × C)
     assert "--max-total-tokens" in rec["flags"]["off"]["args"]
     assert rec["command"].endswith("--stats-root " + results.portable_text(str(tmp_path / "s")))  # <tmp>/...
     assert not os.environ.get("DYNSPEC_COMMAND")
@@ -229,6 +240,7 @@ def test_level_major_varied_lengths_then_added_trace(tmp_path, shim_env, capsys)
         "offC=1", "onC=1", "dynspec:randomC=1", "offC=3", "onC=3", "dynspec:randomC=3"]
     added = rec["settings"]["added_trace"]
     assert added["phase_s"] == 0.5 and added["phases"] == ["low0", "high0", "low1", "high1"]
+    assert added["temperature"] == 0.7 and added["output_len_range"] == [3, 20]  # the run's own
     tokens = set()
     for mode in ("off", "on", "dynspec:random"):
         tr = rec["modes"][mode]["trace"]
@@ -261,6 +273,43 @@ def test_level_major_varied_lengths_then_added_trace(tmp_path, shim_env, capsys)
     assert (tmp_path / "out" / "t.png").stat().st_size > 1000
 
 
+def test_added_trace_sends_its_own_temperature_and_lengths(tmp_path, shim_env):
+    """--add-trace-temperature / --add-trace-output-len-range: the levels keep the run's sampling,
+    the trace's requests (as the servers receive them) carry the trace's, the same for every mode."""
+    from benchmarks.dynspec_bench.loadgen import output_lengths
+    from benchmarks.dynspec_bench.sweep import TracePlan
+
+    def factory(spec, log_dir):
+        spec.env["FAKE_SGLANG_REQUEST_LOG"] = str(tmp_path / f"requests-{spec.name.replace(':', '_')}.jsonl")
+        return _factory(spec, log_dir)
+
+    plan = TracePlan(low_rate=5.0, high_rate=60.0, phase_s=0.5, cycles=1, min_phase_s=0.5, overhead_s=1.0,
+                     temperature=0.0, output_len_range=(2, 5))
+    cfg = _cfg(tmp_path, waves=[["off", "dynspec:random"]], concurrency=[2], level_order="level",
+               output_len_range=(6, 20), temperature=0.7, seed=5, add_trace=plan,
+               deadline=time.monotonic() + 600, server_factory=factory)
+    rec = Sweep(cfg, argv=["sweep"]).run()
+    validate(rec)
+    added = rec["settings"]["added_trace"]
+    assert added["temperature"] == 0.0 and added["output_len_range"] == [2, 5]
+    assert rec["settings"]["temperature"] == 0.7 and rec["settings"]["output_len_range"] == [6, 20]
+    n_level, n_trace = cfg.requests_for(2), added["arrivals"]
+    level_lens = output_lengths(n_level, 6, 20, seed=5 * 1_000_003 + 1)
+    trace_lens = output_lengths(n_trace, 2, 5, seed=5 * 1_000_003 + 30_000)
+    assert max(level_lens) > 5  # the ranges tell the two request sets apart
+    for mode in ("off", "dynspec:random"):
+        assert rec["modes"][mode]["2"]["completion_tokens"] == sum(level_lens)
+        assert rec["modes"][mode]["trace"]["completion_tokens"] == sum(trace_lens)
+        assert rec["modes"][mode]["trace"]["failed"] == 0
+        sent = [json.loads(ln) for ln in
+                (tmp_path / f"requests-{mode.replace(':', '_')}.jsonl").read_text().splitlines()]
+        trace_sent = sent[-n_trace:]  # the trace runs last on each server
+        assert {p["temperature"] for p in trace_sent} == {0.0}
+        assert sorted(p["max_new_tokens"] for p in trace_sent) == sorted(trace_lens)
+        level_sent = [p for p in sent[:-n_trace] if p["temperature"] == 0.7 and p["max_new_tokens"] > 4]
+        assert sorted(p["max_new_tokens"] for p in level_sent)[-n_level:] == sorted(level_lens)
+
+
 def test_added_trace_is_skipped_first_when_time_runs_short(tmp_path, shim_env):
     """Levels have priority: with too little time left for every mode's trace, it is skipped (and
     recorded), never run for only some modes. 60 s for 2 modes: (30 - 10) / 6 < 5 s phases."""
@@ -275,6 +324,12 @@ def test_added_trace_is_skipped_first_when_time_runs_short(tmp_path, shim_env):
     skipped = [s for s in rec["skipped"] if s["C"] == "trace"]
     assert {s["mode"] for s in skipped} == {"off", "dynspec:random"}
     assert "deadline" in skipped[0]["why"] and rec["settings"]["added_trace"]["phase_s"] is None
+
+
+def test_requests_per_level_floor_factor_and_cap(tmp_path):
+    cfg = _cfg(tmp_path, requests_factor=8, min_requests=32, max_requests=600)
+    assert [cfg.requests_for(c) for c in (1, 2, 5, 10, 70, 100, 250)] == [32, 32, 40, 80, 560, 600, 600]
+    assert _cfg(tmp_path, min_requests=32, max_requests=16).requests_for(1) == 16  # the cap wins
 
 
 def test_level_needs_twice_the_longest_time_that_c_took(tmp_path, shim_env):

@@ -8,6 +8,8 @@ Behaviour is set by flags (the harness passes SGLang's, unknown ones are ignored
   FAKE_SGLANG_FLIP_AT         "idx": change output token idx of every request (simulated drift)
   FAKE_SGLANG_LEAK_LINES      print this many leak-report lines at start
   FAKE_SGLANG_ACCEPT          accept length reported when speculating (default 2.0)
+  FAKE_SGLANG_REQUEST_LOG     append each /generate's sampling_params to this file (one JSON line per
+                              request, in arrival order), for tests of what the harness sends
 Like SGLang's /generate it honours sampling_params.max_new_tokens, stop_token_ids (unless ignore_eos;
 the matched token is the last output id, finish_reason {"type": "stop"}), a request `rid` with
 POST /abort_request (finish_reason {"type": "abort"}), and a client that closes the stream (the
@@ -74,6 +76,7 @@ class State:
         self.last_on = None
         self.spec_tokens = 0
         self.spec_verify = 0
+        self.request_log = os.environ.get("FAKE_SGLANG_REQUEST_LOG") or None
 
     def step(self, forced_off: bool = False):
         """One simulated decode step of the dynspec plugin (policy 'random' flips a coin)."""
@@ -183,6 +186,9 @@ async def generate(request):
         return web.json_response({"error": {"message": "injected failure"}}, status=500)
     ids = body.get("input_ids")
     sp = body.get("sampling_params") or {}
+    if st.request_log:
+        with open(st.request_log, "a") as f:
+            f.write(json.dumps(sp) + "\n")
     n = int(sp.get("max_new_tokens", 16))
     if not isinstance(ids, list) or not ids:
         return web.json_response({"error": {"message": "input_ids required"}}, status=400)
