@@ -43,6 +43,8 @@ class StepRecord:
     # the policy's own figures for this step, if it offers them (Policy.explain): e.g.
     # {"on_tok_s": .., "off_tok_s": .., "why": ..}
     estimates: dict | None = None
+    admitted: int = 0  # requests prefilled since the previous decode step
+    prefill_s: float = 0.0  # wall time from the first of those prefill batches to this step
 
 
 # A single decide() this many times over its deadline is a hang, not a hiccup.
@@ -138,6 +140,7 @@ class Controller:
         if new_load:
             self.prefill.new_stretch(None)
         charged_to: bool | None = None
+        prefill_s = now - self._t_other if self._t_other is not None else 0.0
         if self._t_prev is not None:
             # The decode part (up to the first extend, if any) must look like a step: a gap
             # before new requests arrived or a stall is not a cost.  Prefill time after it is.
@@ -184,7 +187,7 @@ class Controller:
         hook = self.hook
         if hook is not None:
             rec = StepRecord(self.step - 1, decode_bs, running, waiting, decision, switched,
-                             self.failed is not None, self.accept_length, self.estimates())
+                             self.failed is not None, self.accept_length, self.estimates(), rows, prefill_s)
             hook.dynspec_decision(record=rec)
             if switched:
                 hook.dynspec_switch(record=rec)

@@ -133,7 +133,8 @@ class TraceObserver:
         line = (
             f'{{"step":{record.step},"bs":{record.decode_bs},"running":{record.running},'
             f'"waiting":{record.waiting},"on":{"true" if record.speculate else "false"},'
-            f'"acc":{record.accept_length:.4f},"t":{now:.6f}{extra}}}\n'
+            f'"acc":{record.accept_length:.4f},"t":{now:.6f},"new":{record.admitted},'
+            f'"prefill_ms":{record.prefill_s * 1e3:.3f}{extra}}}\n'
         )
         self._written += len(line)
         if self._written > self.max_bytes:

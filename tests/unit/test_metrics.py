@@ -108,3 +108,35 @@ def test_prometheus_multiprocess_export(tmp_path):
     assert "sglang_dynspec_accept_length" in text
     assert 'sglang_dynspec_estimated_output_tokens_per_second{mode="on",tp_rank="0"} 812.0' in text
     assert 'sglang_dynspec_estimated_output_tokens_per_second{mode="off",tp_rank="0"} 640.5' in text
+
+
+def test_trace_says_what_was_prefilled_before_each_step(tmp_path):
+    # Refill costs decide the default policy; each line says how many requests were admitted
+    # since the previous decode step and how long from the first prefill batch to this step.
+    import pluggy
+
+    from sglang_dynspec import hookspecs
+
+    class Clock:
+        t = 0.0
+
+        def __call__(self):
+            return self.t
+
+    clock = Clock()
+    pm = pluggy.PluginManager("sglang_dynspec")
+    pm.add_hookspecs(hookspecs)
+    obs = TraceObserver(tmp_path / "trace.jsonl", max_bytes=10_000)
+    pm.register(obs)
+    c = Controller(build_policy("never", {}), hook=pm.hook, clock=clock)
+    c.on_decode(4)
+    clock.t += 0.004
+    c.on_other(3)
+    clock.t += 0.030
+    c.on_decode(7)
+    clock.t += 0.004
+    c.on_decode(7)
+    obs.close()
+    lines = [json.loads(x) for x in obs.path.read_text().splitlines()]
+    assert [x["new"] for x in lines] == [0, 3, 0]
+    assert [x["prefill_ms"] for x in lines] == [0.0, pytest.approx(30.0), 0.0]
