@@ -16,7 +16,9 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_dynspec import compat
+from sglang_dynspec.adapters import state
 from sglang_dynspec.config import DynspecSettings
+from sglang_dynspec.controller import StepMode
 
 pytestmark = pytest.mark.sglang
 
@@ -54,7 +56,7 @@ def up(m):
 
 
 def test_module_contract(m):
-    for name in ("decode_batch_size", "forward_off", "prepare", "describe"):
+    for name in ("decode_batch_size", "forward_off", "resume_pending", "prepare", "describe"):
         assert callable(getattr(m, name)), name
 
 
@@ -152,7 +154,7 @@ def test_prepare_captures_graphs_only_where_supported(m, up, monkeypatch):
     w.server_args.disable_cuda_graph = False
     w._target_worker.model_runner.is_draft_worker = False
     m.prepare(w, DynspecSettings(offstep_graphs=True))
-    graphs = w.__dict__[m._STATE_ATTR]["graphs"]
+    graphs = state.peek(w).graphs
     if m.offstep_graphs_unsupported() is None:
         assert captured == [w.target_worker.model_runner] and graphs == {"runner": "stub"}
     else:
@@ -456,7 +458,7 @@ def test_forward_off_builds_target_decode_and_result(m, up, sglang_version):
     w, target, draft, batch = _off_setup(m, up, ndt=ndt)
     published = []
     kwargs = {"on_publish": published.append} if compat.v2_input_kind() == "schedule_batch" else {}
-    res = m.forward_off(w, batch, **kwargs)
+    res = m.forward_off(w, batch, StepMode.OFF, **kwargs)
 
     # Target call: plain DECODE, one token per request at position seq_lens.
     (tb,) = target.batches
@@ -524,7 +526,7 @@ def test_forward_off_publishes_seq_lens_before_the_target_runs(m, up, monkeypatc
                 pass
 
         monkeypatch.setattr(device_mod, "Event", Event)
-    res = m.forward_off(w, batch, **kwargs)
+    res = m.forward_off(w, batch, StepMode.OFF, **kwargs)
 
     assert order[-1] == "target" and len(order) == 2, order
     if compat.v2_input_kind() == "schedule_batch":
@@ -540,7 +542,7 @@ def test_forward_off_standalone_captures_nothing(m, up):
     w, target, draft, batch = _off_setup(m, up)
     w.speculative_algorithm = up.Algo.from_string("STANDALONE")
     kwargs = {"on_publish": None} if compat.v2_input_kind() == "schedule_batch" else {}
-    m.forward_off(w, batch, **kwargs)
+    m.forward_off(w, batch, StepMode.OFF, **kwargs)
     assert _target_capture(m, target.batches[0]) == up.CaptureHiddenMode.NULL
 
 
@@ -553,7 +555,7 @@ def test_prepare_without_graphs_is_noop(m, up, monkeypatch):
     settings = DynspecSettings(offstep_graphs=False)
     m.prepare(w, settings)
     m.prepare(w, settings)  # idempotent
-    assert w.__dict__[m._STATE_ATTR]["graphs"] is None
+    assert state.peek(w).graphs is None
 
 
 # ------------------------------------------------------------------------------------------
@@ -563,8 +565,7 @@ def test_prepare_without_graphs_is_noop(m, up, monkeypatch):
 def _light(m, w, monkeypatch):
     from sglang_dynspec.adapters import draft_kv
 
-    st = m._state(w)
-    st.update(light=True, placeholders=draft_kv.Placeholders(), topk=1, draft_hidden=6, draft_dtype=torch.bfloat16)
+    state.of(w, m.SpecV2State).light = draft_kv.LightSync(topk=1, draft_hidden=6, draft_dtype=torch.bfloat16)
     writes = []
     monkeypatch.setattr(draft_kv, "write", lambda runner, tok, hid, pos, loc: writes.append(
         (runner, tok.clone(), hid.clone(), pos.clone(), loc.clone())))
@@ -578,7 +579,7 @@ def test_forward_off_light_sync_then_resume_step(m, up, sglang_version, monkeypa
     published = []
     kwargs = {"on_publish": published.append} if compat.v2_input_kind() == "schedule_batch" else {}
     assert not m.resume_pending(w)
-    res = m.forward_off(w, batch, **kwargs)
+    res = m.forward_off(w, batch, StepMode.OFF, **kwargs)
 
     (tb,) = target.batches
     assert tb["out_cache_loc"].tolist() == [110, 320] and tb["seq_lens"].tolist() == [11, 21]
@@ -601,7 +602,7 @@ def test_forward_off_light_sync_then_resume_step(m, up, sglang_version, monkeypa
     # The resume step: a full sync through the draft-extend, after which speculation may run.
     w2, target2, draft2, batch2 = _off_setup(m, up, ndt=ndt)
     w.__dict__["_target_worker"], w.__dict__["_draft_worker"] = target2, draft2
-    m.forward_off(w, batch2, full_sync=True, **kwargs)
+    m.forward_off(w, batch2, StepMode.RESUME, **kwargs)
     assert len(draft2.calls) == 1 and len(writes) == 1
     assert not m.resume_pending(w)
 
@@ -623,7 +624,7 @@ def test_light_draft_input_fits_the_real_future_map(m, up, monkeypatch):
     fm.store_to_map_for_new_batch(fm.alloc_future_indices(2), real)
     w, target, draft, batch = _off_setup(m, up)
     _light(m, w, monkeypatch)
-    nd = m.forward_off(w, batch).next_draft_input
+    nd = m.forward_off(w, batch, StepMode.OFF).next_draft_input
     idx = fm.alloc_future_indices(2)
     fm.store_to_map_for_new_batch(idx, nd)
     assert fm.bonus_tokens_buf[idx.indices].tolist() == [7, 8]

@@ -29,18 +29,26 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from .. import compat
-from . import draft_kv, offstep_graphs
+from ..controller import StepMode
+from . import draft_kv, offstep_graphs, state
 from .profiler_ranges import span
+from .state import AdapterState
 
 logger = logging.getLogger("sglang_dynspec.adapters.spec_v2")
 
 FORWARD_TARGET = f"{compat.V2_MODULE}.{compat.V2_CLASS}.forward_batch_generation"
 
-# Per-worker state lives on the worker under this attribute (prepared flag, off-step graphs).
-_STATE_ATTR = "_dynspec_spec_v2_state"
+
+@dataclass
+class SpecV2State(AdapterState):
+    """This adapter's per-worker state (``state.py``): also why the worker can never run an off-step."""
+
+    unsupported_checked: bool = False
+    unsupported: str | None = None
 
 
 def _torch():
@@ -74,21 +82,13 @@ def _is_plain_v2_worker(worker) -> bool:
     return ok
 
 
-def _state(worker) -> dict:
-    st = worker.__dict__.get(_STATE_ATTR)
-    if st is None:
-        st = {"unsupported": None, "graphs": None}
-        worker.__dict__[_STATE_ATTR] = st
-    return st
-
-
 def unsupported_reason(worker) -> str | None:
     """Why this worker can never run an off-step (cached), or None."""
-    st = _state(worker)
-    if st["unsupported"] is not None:
-        return st["unsupported"] or None
+    st = state.of(worker, SpecV2State)
+    if st.unsupported_checked:
+        return st.unsupported
     reason = _compute_unsupported_reason(worker)
-    st["unsupported"] = reason or ""
+    st.unsupported_checked, st.unsupported = True, reason or None
     if reason:
         logger.warning("dynspec: off-steps disabled on this %s: %s", type(worker).__name__, reason)
     return reason
@@ -175,7 +175,7 @@ def _needs_hidden(worker) -> bool:
 def _capture_mode_for_target(worker):
     # The draft-extend reads the target hidden states; FULL == LAST for one token per request,
     # and FULL is what verify uses and what the off-step graphs capture.
-    return offstep_graphs.hidden_mode(_state(worker).get("graphs"), _needs_hidden(worker))
+    return offstep_graphs.hidden_mode(state.of(worker, SpecV2State).graphs, _needs_hidden(worker))
 
 
 def _window_locs(worker, batch, ndt: int):
@@ -190,7 +190,7 @@ def _window_locs(worker, batch, ndt: int):
 
 
 def _offstep_graphs_active(worker):
-    return offstep_graphs.active(worker.target_worker.model_runner, _state(worker).get("graphs"))
+    return offstep_graphs.active(worker.target_worker.model_runner, state.of(worker, SpecV2State).graphs)
 
 
 def _target_decode(worker, batch, kind: str, bonus, window, ndt: int, new_seq_lens):
@@ -247,11 +247,11 @@ def _record_stream(stream, *tensors) -> None:
             t.record_stream(stream)
 
 
-def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
+def forward_off(worker, batch, mode: StepMode, *args, **kwargs):
     """Run one decode step of ``worker`` without speculation (see module docstring).
 
-    ``full_sync``: refresh the draft through its draft-extend forward even where the light sync
-    (``draft_kv``) is available; the runtime asks for it on the resume step after light ones.
+    ``mode``: ``StepMode.RESUME`` refreshes the draft through its draft-extend forward even
+    where the light sync (``draft_kv``) is available (the runtime's resume step after light ones).
     """
     torch = _torch()
     mod = compat.v2_worker_module()
@@ -271,14 +271,14 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
     _record_stream(fwd_stream, batch.seq_lens, batch.req_pool_indices)
 
     ndt = int(worker.speculative_num_draft_tokens)
-    st = _state(worker)
-    light = bool(st.get("light")) and not full_sync
-    if not st.get("logged_first_off"):
-        st["logged_first_off"] = True
+    st = state.of(worker, SpecV2State)
+    light = st.light is not None and mode is not StepMode.RESUME
+    if not st.logged_first_off:
+        st.logged_first_off = True
         logger.info(
             "dynspec: first off-step on %s (%s input, bs=%d, num_draft_tokens=%d, target graphs=%s, draft sync=%s)",
-            type(worker).__name__, kind, int(batch.seq_lens.shape[0]), ndt, bool(st.get("graphs")),
-            "light" if st.get("light") else "full",
+            type(worker).__name__, kind, int(batch.seq_lens.shape[0]), ndt, bool(st.graphs),
+            "light" if st.light is not None else "full",
         )
     bonus_field = compat.draft_input_bonus_field(EagleDraftInput)
     bonus = getattr(batch.spec_info, bonus_field)
@@ -326,8 +326,7 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
     nd_kwargs = {bonus_field: new_tokens}
     if light:
         # Never drafted from: the runtime's resume step replaces them before speculating.
-        nd_kwargs.update(st["placeholders"].get(bs, st["topk"], st["draft_hidden"], st["draft_dtype"],
-                                                new_tokens.device))
+        nd_kwargs.update(st.light.placeholder_rows(bs, new_tokens.device))
     if "new_seq_lens" not in res_fields:
         # <= 0.5.12: new_seq_lens + verify_done (recorded above) travel on the next draft input.
         nd_kwargs["new_seq_lens"] = new_seq_lens
@@ -357,7 +356,7 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
     dw = worker.draft_worker
     if light:
         # 3a. Draft KV of position seq_lens from (target hidden there, new token), nothing else.
-        st["light_pending"] = True
+        st.light_pending = True
         with span("dynspec.offstep.draft_kv"), compat.draft_contexts(worker):
             draft_kv.write(dw.draft_runner, new_tokens, target_hidden, batch.seq_lens, window)
         return result
@@ -365,7 +364,7 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
     # 3b. Full sync through the decode draft-extend: writes draft KV at position seq_lens from
     #    (target hidden at seq_lens, new token) and yields topk_p / topk_index / hidden_states for
     #    the next draft round (select_index = i*ndt + accept_lens - 1).
-    st["light_pending"] = False
+    st.light_pending = False
     batch.out_cache_loc = window
     plan_stream = getattr(dw, "plan_stream", None)
     if plan_stream is not None:
@@ -379,8 +378,8 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
 
 def resume_pending(worker) -> bool:
     """Whether the last off-step used the light sync, so the next step must be a resume step."""
-    st = worker.__dict__.get(_STATE_ATTR)
-    return bool(st and st.get("light_pending"))
+    st = state.peek(worker)
+    return bool(st and st.light_pending)
 
 
 def offstep_graphs_unsupported() -> str | None:
@@ -391,22 +390,23 @@ def offstep_graphs_unsupported() -> str | None:
 def prepare(worker, settings) -> None:
     """One-time setup before serving: off-step DECODE graphs and the light draft sync, where
     ``settings`` (DynspecSettings) and the release allow."""
-    st = _state(worker)
-    if st.get("prepared"):
+    st = state.of(worker, SpecV2State)
+    if st.prepared:
         return
-    st["prepared"] = True
+    st.prepared = True
     if unsupported_reason(worker):
         return
-    st["graphs"] = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
-    draft_kv.prepare(st, getattr(getattr(worker, "draft_worker", None), "draft_runner", None),
-                     getattr(worker, "topk", 1), "spec_v2", settings.offstep_draft_sync)
+    st.graphs = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
+    st.light = draft_kv.prepare(getattr(getattr(worker, "draft_worker", None), "draft_runner", None),
+                                getattr(worker, "topk", 1), "spec_v2", settings.offstep_draft_sync)
 
 
 # --------------------------------------------------------------------------------------------
 
 
-def describe() -> dict[str, Any]:
-    """What this adapter supports on the installed SGLang (for the CLI doctor)."""
+def describe(worker=None) -> dict[str, Any]:
+    """What this adapter supports on the installed SGLang (for the CLI doctor); the same for
+    every worker (``worker`` is accepted for the adapter protocol)."""
     info: dict[str, Any] = {"adapter": "spec_v2", "hook": FORWARD_TARGET}
     try:
         cls = compat.v2_worker_class()

@@ -36,7 +36,8 @@ import logging
 from typing import Any
 
 from .. import compat
-from . import draft_kv, offstep_graphs
+from ..controller import StepMode
+from . import draft_kv, offstep_graphs, state
 from .profiler_ranges import span
 
 logger = logging.getLogger(__name__)
@@ -75,11 +76,11 @@ def decode_batch_size(worker, batch) -> int | None:
     return n if n > 0 else None
 
 
-def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
+def forward_off(worker, batch, mode: StepMode, *args, **kwargs):
     """One plain target decode step + one-token draft KV sync; returns GenerationBatchResult.
 
-    ``full_sync``: refresh the draft through its draft-extend even where the light sync
-    (``draft_kv``) is available (the runtime's resume step after light ones).
+    ``mode``: ``StepMode.RESUME`` refreshes the draft through its draft-extend even where the
+    light sync (``draft_kv``) is available (the runtime's resume step after light ones).
     """
     import torch
     from sglang.srt.managers.utils import GenerationBatchResult
@@ -119,7 +120,8 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
     batch.spec_info = None
     batch.forward_mode = ForwardMode.DECODE
     mwb = batch.get_model_worker_batch()
-    graphs = _graphs(worker)
+    st = state.of(worker)
+    graphs = st.graphs
     mwb.capture_hidden_mode = offstep_graphs.hidden_mode(graphs, _needs_hidden(worker), eager_mode="LAST")
     with span("dynspec.offstep.target"), offstep_graphs.active(worker.target_worker.model_runner, graphs):
         target_result = worker.target_worker.forward_batch_generation(mwb)
@@ -151,13 +153,9 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
         _append_logprobs(reqs, tokens_cpu, logits_output)
 
     # 5. Draft KV sync for unfinished rows (spec_info must hold exactly those, in order).
-    state = getattr(worker, _STATE_ATTR, None)
-    if state is None:
-        state = {}
-        setattr(worker, _STATE_ATTR, state)
-    light = bool(state.get("light")) and not full_sync
-    if not state.get("logged_first_off"):
-        state["logged_first_off"] = True
+    light = st.light is not None and mode is not StepMode.RESUME
+    if not st.logged_first_off:
+        st.logged_first_off = True
         logger.info("dynspec: first off-step on %s (bs=%d, target graphs=%s, draft sync=%s)",
                     type(worker).__name__, bs, bool(graphs), "light" if light else "full")
     keep = None
@@ -169,7 +167,7 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
 
     if not unfinished:
         worker._draft_preprocess_idle(batch)
-        state["light_pending"] = False  # nothing left to resume
+        st.light_pending = False  # nothing left to resume
     elif light:
         # Draft KV of every row's position seq_lens-1 (finished rows' slots are freed next, so
         # writing them is harmless and saves an index), then a draft input that is never drafted
@@ -178,16 +176,15 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
             draft_kv.write(worker.draft_model_runner, next_token_ids, logits_output.hidden_states,
                            batch.seq_lens - 1, out_cache_loc)
         toks = rows(next_token_ids).to(torch.int32)
-        ph = state["placeholders"].get(len(unfinished), state["topk"], state["draft_hidden"], state["draft_dtype"],
-                                       toks.device)
+        ph = st.light.placeholder_rows(len(unfinished), toks.device)
         # Materialised: the scheduler filters and concatenates these rows in place.
         batch.spec_info = compat.build_draft_input(toks, **{k: v.contiguous() for k, v in ph.items()})
-        state["light_pending"] = True
+        st.light_pending = True
     else:
-        state["light_pending"] = False
+        st.light_pending = False
         hidden = logits_output.hidden_states if _needs_hidden(worker) else None
         if hidden is not None:
-            width = compat._draft_extend_hidden_width(worker)
+            width = compat.draft_extend_hidden_width(worker)
             if width is not None and hidden.shape[1] != width:
                 # The draft-extend graph would silently keep a stale buffer; refuse instead.
                 raise RuntimeError(
@@ -241,30 +238,23 @@ def _append_logprobs(reqs, tokens_cpu, logits_output) -> None:
 
 # --- per-worker state: off-step graphs (else eager target decode), light draft sync -------
 
-_STATE_ATTR = "_dynspec_v1_state"
-
-
-def _graphs(worker):
-    state = getattr(worker, _STATE_ATTR, None)
-    return state.get("graphs") if state else None
-
 
 def prepare(worker, settings) -> None:
     """One-time setup before serving: off-step DECODE graphs and the light draft sync, where
     ``settings`` (DynspecSettings) and the release allow."""
-    if getattr(worker, _STATE_ATTR, None) is not None:
+    st = state.of(worker)
+    if st.prepared:
         return
-    state: dict[str, Any] = {"graphs": None}
-    setattr(worker, _STATE_ATTR, state)  # first: a failing capture is not retried
-    state["graphs"] = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
-    draft_kv.prepare(state, getattr(worker, "draft_model_runner", None), getattr(worker, "topk", 1), "v1",
-                     settings.offstep_draft_sync)
+    st.prepared = True  # first: a failing capture is not retried
+    st.graphs = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
+    st.light = draft_kv.prepare(getattr(worker, "draft_model_runner", None), getattr(worker, "topk", 1), "v1",
+                                settings.offstep_draft_sync)
 
 
 def resume_pending(worker) -> bool:
     """Whether the last off-step used the light sync, so the next step must be a resume step."""
-    state = getattr(worker, _STATE_ATTR, None)
-    return bool(state and state.get("light_pending"))
+    st = state.peek(worker)
+    return bool(st and st.light_pending)
 
 
 def _needs_hidden(worker) -> bool:
@@ -288,7 +278,7 @@ def describe(worker=None) -> dict:
     except Exception as exc:  # doctor output: report, never raise
         info["error"] = f"{type(exc).__name__}: {exc}"
     if worker is not None:
-        state = getattr(worker, _STATE_ATTR, None) or {}
-        graphs = state.get("graphs") or {}
+        st = state.peek(worker)
+        graphs = (st.graphs if st is not None else None) or {}
         info["offstep_graphs"] = {"active": bool(graphs), "gib": graphs.get("gib")}
     return info
