@@ -10,6 +10,7 @@ import importlib
 import logging
 import os
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from . import compat
@@ -35,6 +36,9 @@ class WorkerState:
         self.worker = worker
         self.path = path
         self.adapter = adapter  # None: no adapter for this path, every step runs upstream
+        # The off-step results handed to SGLang and not yet seen by the result hook, by id()
+        # (weak: one dropped without processing leaves no entry behind).
+        self.off_results: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.stats_writer = None
         self.prometheus = None
         self.draft_tokens_per_step: int | None = None
@@ -43,6 +47,11 @@ class WorkerState:
         self.optout_rids: set = set()  # requests that asked for no speculation, still possibly running
         self.optout_absent: set = set()  # opt-outs not seen in any queue at the last check
         self.optout_not_honoured = 0  # opted-out batches the adapter could not run without speculation
+
+    def took_off_result(self, result) -> bool:
+        """Whether ``result`` came from an off-step (forgotten once asked: one hook call per result)."""
+        # A live entry under id(result) can only be result itself.
+        return result is not None and self.off_results.pop(id(result), None) is result
 
     def snapshot(self) -> dict:
         s = self.controller.snapshot()
@@ -218,7 +227,7 @@ def _forward(original, worker, batch, *args, **kwargs):
     if mode is StepMode.ON:
         return original(worker, batch, *args, **kwargs)
     result = adapter.forward_off(worker, batch, mode, *args, **kwargs)
-    result._dynspec_off = True  # lets the result hook skip acceptance accounting
+    st.off_results[id(result)] = result  # the result hook skips acceptance accounting for it
     return result
 
 
@@ -285,7 +294,9 @@ def around_graph_can_run(original, runner, forward_batch, *args, **kwargs):
 
 def after_process_decode(ret, processor, batch, result, *args, **kwargs):
     st = STATE
-    if st is None or getattr(result, "_dynspec_off", False) or st.accepted_field is None:
+    if st is None:
+        return None
+    if st.took_off_result(result) or st.accepted_field is None:
         return None
     n = getattr(result, st.accepted_field, None)
     if n is None:

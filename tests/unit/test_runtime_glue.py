@@ -70,16 +70,31 @@ def original(worker, b, *a, **kw):
 
 
 def is_off(st, result):
-    return getattr(result, "_dynspec_off", False) is True
+    """Whether the runtime remembers ``result`` as an off-step's (without forgetting it)."""
+    return st.off_results.get(id(result)) is result
 
 
-def test_policy_decides_and_off_result_is_marked(state):
+def test_policy_decides_and_off_result_is_remembered(state):
     st = state("threshold", {"n": 2})
     on = runtime.around_v1_forward(original, st.worker, batch(2))
     off = runtime.around_v1_forward(original, st.worker, batch(5))
-    assert getattr(on, "spec", False) and not is_off(st, on)
+    assert getattr(on, "spec", False) and not is_off(st, on) and vars(on).keys() == {"num_correct_drafts", "spec"}
     assert is_off(st, off) and st.adapter.off_calls == 1 and st.adapter.modes == [StepMode.OFF]
+    assert vars(off).keys() == {"num_correct_drafts"}  # nothing written on SGLang's object
     assert st.controller.stats["switches"] == 1
+
+
+def test_off_results_are_forgotten_once_processed_or_dropped(state):
+    st = state("never")
+    off = runtime.around_v1_forward(original, st.worker, batch(2))
+    unprocessed = runtime.around_v1_forward(original, st.worker, batch(2))
+    assert len(st.off_results) == 2
+    runtime.after_process_decode(None, None, batch(2), off)
+    assert not is_off(st, off) and len(st.off_results) == 1 and st.controller.accept_samples == 0
+    runtime.after_process_decode(None, None, batch(2), off)  # asked again: now counted as speculative
+    assert st.controller.accept_samples == 1
+    del unprocessed  # dropped by its last holder without reaching the result hook
+    assert len(st.off_results) == 0
 
 
 def test_extend_batches_go_to_sglang_untouched(state):
@@ -98,7 +113,9 @@ def test_acceptance_only_from_speculative_results(state):
     st = state("always")
     b = batch(4)
     runtime.after_process_decode(None, None, b, NS(num_correct_drafts=6))
-    runtime.after_process_decode(None, None, b, Result(num_correct_drafts=0, _dynspec_off=True))
+    off = Result(num_correct_drafts=0)
+    st.off_results[id(off)] = off
+    runtime.after_process_decode(None, None, b, off)
     runtime.after_process_decode(None, None, b, None)
     assert st.controller.accept_samples == 1
     assert st.controller.accept_length == pytest.approx(2.5)
