@@ -712,7 +712,8 @@ def test_next_draft_input(m, up):
 def test_result_has_the_fields_of_a_rejected_verify(m, up, sglang_version):
     out = _target_out(up)
     out.routed_experts_output = "experts"
-    nd, predict, accept_lens, lens = up.EDI(), torch.tensor([7, 8]), torch.ones(2, dtype=torch.int32), torch.tensor([11])
+    nd, predict, lens = up.EDI(), torch.tensor([7, 8]), torch.tensor([11])
+    accept_lens = torch.ones(2, dtype=torch.int32)
     res = m._result(up.GBR, out, predict, 1, nd, accept_lens, lens, keep_alive=["ref"])
     assert isinstance(res, up.GBR) and res.logits_output is out.logits_output and res.next_token_ids is predict
     assert res.can_run_cuda_graph is True and res.next_draft_input is nd and res.accept_lens is accept_lens
