@@ -416,7 +416,7 @@ def spec_contexts(worker):
 
 
 
-def _draft_extend_hidden_width(worker):
+def draft_extend_hidden_width(worker):
     """Width of the draft-extend graph's hidden buffer, or None (no graph / not found)."""
     runner = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
     if runner is None:

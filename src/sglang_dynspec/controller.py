@@ -1,8 +1,9 @@
 """The per-process controller: asks the policy each decode step and keeps it safe.
 
-No SGLang imports here.  The adapters call :meth:`Controller.on_decode` once per decode
-batch (before the forward), :meth:`Controller.on_other` for extend/idle batches and
-:meth:`Controller.on_result` once the scheduler has the accepted-draft count.
+No SGLang imports here.  The runtime calls :meth:`Controller.step_mode` once per decode
+batch (before the forward; :meth:`Controller.on_decode` where only on/off matters),
+:meth:`Controller.on_other` for extend/idle batches and :meth:`Controller.on_result` once the
+scheduler has the accepted-draft count.
 
 Step costs are wall-clock intervals between decode forwards, split in two: the decode part
 (up to the first prefill batch) goes to the decode-step table, the prefill batches after it go
@@ -16,6 +17,7 @@ arrived) is dropped, and the prefill after it is charged to no mode.
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from dataclasses import dataclass
@@ -28,6 +30,16 @@ logger = logging.getLogger("sglang_dynspec")
 
 # Agreement callback: takes a flat list of floats, returns the element-wise SUM over ranks.
 AgreeFn = Callable[[list], list]
+
+
+class StepMode(enum.Enum):
+    """How one decode step runs, decided once by :meth:`Controller.step_mode`."""
+
+    ON = "on"  # speculative: SGLang's own forward
+    OFF = "off"  # an off-step (light draft sync where the adapter has it)
+    # The policy said "on" but the last off-step left the draft nothing to draft from: an
+    # off-step with a full draft sync, charged as one.
+    RESUME = "resume"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +140,17 @@ class Controller:
 
     # --- per step -------------------------------------------------------------------
     def on_decode(self, decode_bs: int, running: int = 0, waiting: int = 0, force_off: bool = False) -> bool:
-        """Decide one decode step; returns True to speculate.
+        """Decide one decode step; returns True to speculate (no resume steps: see step_mode)."""
+        return self.step_mode(decode_bs, running, waiting, force_off=force_off) is StepMode.ON
+
+    def step_mode(self, decode_bs: int, running: int = 0, waiting: int = 0, force_off: bool = False,
+                  resume_pending: bool = False) -> StepMode:
+        """Decide one decode step.
 
         ``force_off``: a request in the batch opted out of speculation; the policy is not asked.
+        ``resume_pending``: the worker's last off-step used the light draft sync, so a step the
+        policy wants speculative runs as a RESUME step (an off-step cost, counted in
+        ``steps_resume``; ``steps_on`` and the observers still see the policy's "on").
         """
         now = self.clock()
         rows = self._rows_admitted
@@ -191,19 +211,22 @@ class Controller:
             hook.dynspec_decision(record=rec)
             if switched:
                 hook.dynspec_switch(record=rec)
-        self._t_prev, self._mode_prev, self._bs_prev = now, decision, decode_bs
-        return decision
+        if not decision:
+            mode = StepMode.OFF
+        elif resume_pending:
+            mode = StepMode.RESUME
+        else:
+            mode = StepMode.ON
+        # The interval that starts now is charged to the mode the step runs in.
+        self._t_prev, self._mode_prev, self._bs_prev = now, mode is StepMode.ON, decode_bs
+        if mode is StepMode.RESUME:
+            st["steps_resume"] += 1
+            self.prefill.add_tokens(decode_bs)  # an off-step's tokens: no on_result follows
+        return mode
 
     @property
     def last_decode_bs(self) -> int:
         return self._bs_prev
-
-    def note_resume(self) -> None:
-        """The step just decided "on" ran as a resume step (an off-step with full draft sync)
-        instead: its interval is an off-step cost."""
-        self.stats["steps_resume"] += 1
-        self._mode_prev = False
-        self.prefill.add_tokens(self._bs_prev)
 
     def on_other(self, new_rows: int = 0) -> None:
         """An extend / mixed / declined batch starts: its time is a prefill charged to the mode of

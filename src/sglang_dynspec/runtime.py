@@ -10,11 +10,15 @@ import importlib
 import logging
 import os
 import time
-from typing import Any
+import weakref
+from typing import TYPE_CHECKING, Any
 
 from . import compat
 from .config import DynspecSettings
-from .controller import Controller
+from .controller import Controller, StepMode
+
+if TYPE_CHECKING:
+    from .adapters import Adapter
 
 logger = logging.getLogger("sglang_dynspec")
 
@@ -25,26 +29,29 @@ class WorkerState:
     """What the wrappers need for one EAGLE worker."""
 
     def __init__(self, settings: DynspecSettings, controller: Controller, scheduler: Any, worker: Any,
-                 path: str, adapter: Any):
+                 path: str, adapter: Adapter | None):
         self.settings = settings
         self.controller = controller
         self.scheduler = scheduler
         self.worker = worker
         self.path = path
-        self.adapter = adapter
-        # Until an adapter provides forward_off, off decisions are recorded but not applied.
-        self.forward_off = getattr(adapter, "forward_off", None) if adapter is not None else None
-        self.decode_batch_size = getattr(adapter, "decode_batch_size", None) if adapter is not None else None
-        # After a light off-step the draft has no outputs to draft from: speculating waits one resume step.
-        self.resume_pending = getattr(adapter, "resume_pending", None) if adapter is not None else None
+        self.adapter = adapter  # None: no adapter for this path, every step runs upstream
+        # The off-step results handed to SGLang and not yet seen by the result hook, by id()
+        # (weak: one dropped without processing leaves no entry behind).
+        self.off_results: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.stats_writer = None
         self.prometheus = None
         self.draft_tokens_per_step: int | None = None
         self.accepted_field: str | None = None
-        self.off_not_applied = 0
+        self.off_not_applied = 0  # off decisions not acted on (none since every adapter has forward_off)
         self.optout_rids: set = set()  # requests that asked for no speculation, still possibly running
         self.optout_absent: set = set()  # opt-outs not seen in any queue at the last check
         self.optout_not_honoured = 0  # opted-out batches the adapter could not run without speculation
+
+    def took_off_result(self, result) -> bool:
+        """Whether ``result`` came from an off-step (forgotten once asked: one hook call per result)."""
+        # A live entry under id(result) can only be result itself.
+        return result is not None and self.off_results.pop(id(result), None) is result
 
     def snapshot(self) -> dict:
         s = self.controller.snapshot()
@@ -143,10 +150,9 @@ def attach(scheduler: Any) -> WorkerState | None:
     STATE = st
     # Off-step graphs are captured now, right after SGLang's own capture and before serving,
     # rather than stalling the first off-step.
-    prep = getattr(adapter, "prepare", None) if adapter is not None else None
-    if prep is not None and settings.policy != "always":
+    if adapter is not None and settings.policy != "always":
         try:
-            prep(worker, settings)
+            adapter.prepare(worker, settings)
         except Exception:
             logger.exception("sglang-dynspec: adapter prepare() failed; off-steps stay eager")
     logger.warning(
@@ -195,10 +201,11 @@ def after_init_model_worker(result, scheduler, *args, **kwargs):
 
 def _forward(original, worker, batch, *args, **kwargs):
     st = STATE
-    if st is None or st.worker is not worker or st.decode_batch_size is None:
+    if st is None or st.worker is not worker or st.adapter is None:
         return original(worker, batch, *args, **kwargs)
+    adapter = st.adapter
     ctl = st.controller
-    bs = st.decode_batch_size(worker, batch)
+    bs = adapter.decode_batch_size(worker, batch)
     sched = st.scheduler
     rb = getattr(sched, "running_batch", None)
     if bs is None:
@@ -211,22 +218,16 @@ def _forward(original, worker, batch, *args, **kwargs):
     running = len(rb.reqs) if rb is not None and rb.reqs is not None else 0
     waiting = len(getattr(sched, "waiting_queue", ()) or ())
     force_off = bool(st.optout_rids) and _has_optout(st, batch, rb)
-    speculate = ctl.on_decode(bs, running, waiting, force_off=force_off)
+    # After a light off-step the draft has no outputs to draft from: a step the policy wants
+    # speculative runs as a resume step (an off-step that refreshes the draft fully).
+    # Rank-identical: it depends only on the previous (agreed) decisions.
+    mode = ctl.step_mode(bs, running, waiting, force_off=force_off, resume_pending=adapter.resume_pending(worker))
     if st.stats_writer is not None or st.prometheus is not None:
         _report(st)
-    full_sync = False
-    if speculate:
-        if st.resume_pending is None or not st.resume_pending(worker):
-            return original(worker, batch, *args, **kwargs)
-        # A resume step: an off-step that refreshes the draft fully.  Rank-identical: it depends
-        # only on the previous (agreed) decisions.
-        ctl.note_resume()
-        full_sync = True
-    elif st.forward_off is None:
-        st.off_not_applied += 1
+    if mode is StepMode.ON:
         return original(worker, batch, *args, **kwargs)
-    result = st.forward_off(worker, batch, *args, full_sync=full_sync, **kwargs)
-    result._dynspec_off = True  # lets the result hook skip acceptance accounting
+    result = adapter.forward_off(worker, batch, mode, *args, **kwargs)
+    st.off_results[id(result)] = result  # the result hook skips acceptance accounting for it
     return result
 
 
@@ -293,7 +294,9 @@ def around_graph_can_run(original, runner, forward_batch, *args, **kwargs):
 
 def after_process_decode(ret, processor, batch, result, *args, **kwargs):
     st = STATE
-    if st is None or getattr(result, "_dynspec_off", False) or st.accepted_field is None:
+    if st is None:
+        return None
+    if st.took_off_result(result) or st.accepted_field is None:
         return None
     n = getattr(result, st.accepted_field, None)
     if n is None:

@@ -16,7 +16,9 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_dynspec import compat
+from sglang_dynspec.adapters import state
 from sglang_dynspec.config import DynspecSettings
+from sglang_dynspec.controller import StepMode
 
 pytestmark = pytest.mark.sglang
 
@@ -54,7 +56,7 @@ def up(m):
 
 
 def test_module_contract(m):
-    for name in ("decode_batch_size", "forward_off", "prepare", "describe"):
+    for name in ("decode_batch_size", "forward_off", "resume_pending", "prepare", "describe"):
         assert callable(getattr(m, name)), name
 
 
@@ -152,7 +154,7 @@ def test_prepare_captures_graphs_only_where_supported(m, up, monkeypatch):
     w.server_args.disable_cuda_graph = False
     w._target_worker.model_runner.is_draft_worker = False
     m.prepare(w, DynspecSettings(offstep_graphs=True))
-    graphs = w.__dict__[m._STATE_ATTR]["graphs"]
+    graphs = state.peek(w).graphs
     if m.offstep_graphs_unsupported() is None:
         assert captured == [w.target_worker.model_runner] and graphs == {"runner": "stub"}
     else:
@@ -456,7 +458,7 @@ def test_forward_off_builds_target_decode_and_result(m, up, sglang_version):
     w, target, draft, batch = _off_setup(m, up, ndt=ndt)
     published = []
     kwargs = {"on_publish": published.append} if compat.v2_input_kind() == "schedule_batch" else {}
-    res = m.forward_off(w, batch, **kwargs)
+    res = m.forward_off(w, batch, StepMode.OFF, **kwargs)
 
     # Target call: plain DECODE, one token per request at position seq_lens.
     (tb,) = target.batches
@@ -524,7 +526,7 @@ def test_forward_off_publishes_seq_lens_before_the_target_runs(m, up, monkeypatc
                 pass
 
         monkeypatch.setattr(device_mod, "Event", Event)
-    res = m.forward_off(w, batch, **kwargs)
+    res = m.forward_off(w, batch, StepMode.OFF, **kwargs)
 
     assert order[-1] == "target" and len(order) == 2, order
     if compat.v2_input_kind() == "schedule_batch":
@@ -540,7 +542,7 @@ def test_forward_off_standalone_captures_nothing(m, up):
     w, target, draft, batch = _off_setup(m, up)
     w.speculative_algorithm = up.Algo.from_string("STANDALONE")
     kwargs = {"on_publish": None} if compat.v2_input_kind() == "schedule_batch" else {}
-    m.forward_off(w, batch, **kwargs)
+    m.forward_off(w, batch, StepMode.OFF, **kwargs)
     assert _target_capture(m, target.batches[0]) == up.CaptureHiddenMode.NULL
 
 
@@ -553,7 +555,7 @@ def test_prepare_without_graphs_is_noop(m, up, monkeypatch):
     settings = DynspecSettings(offstep_graphs=False)
     m.prepare(w, settings)
     m.prepare(w, settings)  # idempotent
-    assert w.__dict__[m._STATE_ATTR]["graphs"] is None
+    assert state.peek(w).graphs is None
 
 
 # ------------------------------------------------------------------------------------------
@@ -563,8 +565,7 @@ def test_prepare_without_graphs_is_noop(m, up, monkeypatch):
 def _light(m, w, monkeypatch):
     from sglang_dynspec.adapters import draft_kv
 
-    st = m._state(w)
-    st.update(light=True, placeholders=draft_kv.Placeholders(), topk=1, draft_hidden=6, draft_dtype=torch.bfloat16)
+    state.of(w, m.SpecV2State).light = draft_kv.LightSync(topk=1, draft_hidden=6, draft_dtype=torch.bfloat16)
     writes = []
     monkeypatch.setattr(draft_kv, "write", lambda runner, tok, hid, pos, loc: writes.append(
         (runner, tok.clone(), hid.clone(), pos.clone(), loc.clone())))
@@ -578,7 +579,7 @@ def test_forward_off_light_sync_then_resume_step(m, up, sglang_version, monkeypa
     published = []
     kwargs = {"on_publish": published.append} if compat.v2_input_kind() == "schedule_batch" else {}
     assert not m.resume_pending(w)
-    res = m.forward_off(w, batch, **kwargs)
+    res = m.forward_off(w, batch, StepMode.OFF, **kwargs)
 
     (tb,) = target.batches
     assert tb["out_cache_loc"].tolist() == [110, 320] and tb["seq_lens"].tolist() == [11, 21]
@@ -601,7 +602,7 @@ def test_forward_off_light_sync_then_resume_step(m, up, sglang_version, monkeypa
     # The resume step: a full sync through the draft-extend, after which speculation may run.
     w2, target2, draft2, batch2 = _off_setup(m, up, ndt=ndt)
     w.__dict__["_target_worker"], w.__dict__["_draft_worker"] = target2, draft2
-    m.forward_off(w, batch2, full_sync=True, **kwargs)
+    m.forward_off(w, batch2, StepMode.RESUME, **kwargs)
     assert len(draft2.calls) == 1 and len(writes) == 1
     assert not m.resume_pending(w)
 
@@ -623,9 +624,143 @@ def test_light_draft_input_fits_the_real_future_map(m, up, monkeypatch):
     fm.store_to_map_for_new_batch(fm.alloc_future_indices(2), real)
     w, target, draft, batch = _off_setup(m, up)
     _light(m, w, monkeypatch)
-    nd = m.forward_off(w, batch).next_draft_input
+    nd = m.forward_off(w, batch, StepMode.OFF).next_draft_input
     idx = fm.alloc_future_indices(2)
     fm.store_to_map_for_new_batch(idx, nd)
     assert fm.bonus_tokens_buf[idx.indices].tolist() == [7, 8]
     assert fm.new_seq_lens_buf[idx.indices].tolist() == [11, 21]
     assert not fm.topk_p_buf[idx.indices].any() and not fm.hidden_states_buf[idx.indices].any()
+
+
+# ------------------------------------------------------------------------------------------
+# forward_off's named steps one by one (the forward_off tests above run them together)
+
+
+def test_on_publish_arg(m):
+    publish = object()
+    assert m._on_publish_arg("model_worker_batch", (publish,), {}) is None
+    assert m._on_publish_arg("schedule_batch", (publish,), {}) is publish
+    assert m._on_publish_arg("schedule_batch", (), {"on_publish": publish}) is publish
+    assert m._on_publish_arg("schedule_batch", (), {}) is None
+    with pytest.raises(RuntimeError, match="pp_proxy_tensors"):
+        m._on_publish_arg("schedule_batch", (), {"pp_proxy_tensors": object()})
+
+
+def test_publish_seq_lens_on_the_result_or_by_event(m):
+    batch = SimpleNamespace(seq_lens=torch.tensor([10, 20]))
+    published = []
+    lens, done = m._publish_seq_lens(batch, None, {"new_seq_lens"}, published.append)
+    assert lens.tolist() == [11, 21] and done is None and published == [lens]
+    assert m._publish_seq_lens(batch, None, {"new_seq_lens"}, None)[1] is None  # nobody to tell
+
+    class Event:
+        recorded = 0
+
+        def record(self):
+            self.recorded += 1
+
+    lens, done = m._publish_seq_lens(batch, SimpleNamespace(Event=Event), set(), published.append)
+    assert lens.tolist() == [11, 21] and done.recorded == 1 and len(published) == 1  # the event instead
+
+
+def _target_out(up, bs=2, hidden=6):
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+    lo = LogitsProcessorOutput(next_token_logits=torch.zeros(bs, 11),
+                               hidden_states=torch.arange(bs * hidden, dtype=torch.float32).view(bs, -1))
+    return up.GBR(logits_output=lo, next_token_ids=torch.tensor([7, 8][:bs]), can_run_cuda_graph=True)
+
+
+@pytest.mark.parametrize("light", [False, True])
+@pytest.mark.parametrize("carries_stride", [False, True])
+def test_rejected_verify(m, up, light, carries_stride):
+    out = _target_out(up)
+    hidden = out.logits_output.hidden_states
+    fields = {"speculative_num_draft_tokens"} if carries_stride else set()
+    new_tokens, target_hidden, stride, predict, accept_lens = m._rejected_verify(out, light, fields, 3, 2)
+    assert new_tokens.tolist() == [7, 8] and new_tokens.dtype == torch.int32 and target_hidden is hidden
+    assert accept_lens.tolist() == [1, 1] and accept_lens.dtype == torch.int32
+    if light and carries_stride:
+        assert stride == 1 and predict is new_tokens
+    else:
+        assert stride == 3 and predict.tolist() == [7, 7, 7, 8, 8, 8]
+    # Only the full sync's draft-extend reads the padded hidden states.
+    padded = out.logits_output.hidden_states
+    assert (padded is hidden) is light
+    if not light:
+        assert padded.shape == (6, 6) and torch.equal(padded[::3], hidden)
+
+
+def test_next_draft_input(m, up):
+    bonus = compat.draft_input_bonus_field(up.EDI)
+    on_result = "new_seq_lens" in compat.dataclass_field_names(up.GBR)
+    fields = {"new_seq_lens"} if on_result else set()
+    tokens, lens, done = torch.tensor([7, 8], dtype=torch.int32), torch.tensor([11, 21]), object()
+    nd = m._next_draft_input(up.EDI, bonus, tokens, None, 2, fields, lens, done)
+    assert isinstance(nd, up.EDI) and getattr(nd, bonus) is tokens and nd.topk_p is None
+    if not on_result:
+        assert nd.new_seq_lens is lens
+        if "verify_done" in compat.dataclass_field_names(up.EDI):
+            assert nd.verify_done is done
+    from sglang_dynspec.adapters import draft_kv
+
+    light = draft_kv.LightSync(topk=1, draft_hidden=6, draft_dtype=torch.bfloat16)
+    nd = m._next_draft_input(up.EDI, bonus, tokens, light, 2, fields, lens, done)
+    assert nd.topk_p.shape == (2, 1) and not nd.topk_p.any() and nd.hidden_states.dtype == torch.bfloat16
+
+
+def test_result_has_the_fields_of_a_rejected_verify(m, up, sglang_version):
+    out = _target_out(up)
+    out.routed_experts_output = "experts"
+    nd, predict, lens = up.EDI(), torch.tensor([7, 8]), torch.tensor([11])
+    accept_lens = torch.ones(2, dtype=torch.int32)
+    res = m._result(up.GBR, out, predict, 1, nd, accept_lens, lens, keep_alive=["ref"])
+    assert isinstance(res, up.GBR) and res.logits_output is out.logits_output and res.next_token_ids is predict
+    assert res.can_run_cuda_graph is True and res.next_draft_input is nd and res.accept_lens is accept_lens
+    names = compat.dataclass_field_names(up.GBR)
+    if "speculative_num_draft_tokens" in names:
+        assert res.speculative_num_draft_tokens == 1
+    if "routed_experts_output" in names:
+        assert res.routed_experts_output == "experts"
+    if "extra_keep_alive_refs" in names:
+        assert res.extra_keep_alive_refs == ["ref"]
+
+
+def test_sync_draft_full_waits_for_the_forward_stream_first(m, up):
+    w, target, draft, batch = _off_setup(m, up)
+    order = []
+
+    class PlanStream:
+        def wait_stream(self, stream):
+            order.append(("wait", stream))
+
+    draft.plan_stream = PlanStream()
+    extend = draft._draft_extend_for_decode
+    draft._draft_extend_for_decode = lambda b, r: (order.append("draft_extend"), extend(b, r))
+    st = state.of(w, m.SpecV2State)
+    st.light_pending = True
+    window, fwd = torch.tensor([110, 111, 320, 321]), object()
+    res = SimpleNamespace(next_draft_input=up.EDI())
+    m._sync_draft_full(w, st, batch, res, window, torch.tensor([7, 7, 8, 8]), torch.ones(2), fwd)
+    assert order == [("wait", fwd), "draft_extend"]
+    assert batch.out_cache_loc is window and draft.calls[0][2] is res and not st.light_pending
+
+
+def test_sync_draft_light_writes_the_draft_kv_only(m, up, monkeypatch):
+    w, target, draft, batch = _off_setup(m, up)
+    writes = _light(m, w, monkeypatch)
+    st = state.of(w, m.SpecV2State)
+    m._sync_draft_light(w, st, batch, torch.tensor([7, 8]), torch.zeros(2, 6), torch.tensor([110, 320]))
+    ((runner, tok, _hid, pos, loc),) = writes
+    assert runner is draft.draft_runner and tok.tolist() == [7, 8] and pos.tolist() == [10, 20]
+    assert loc.tolist() == [110, 320] and draft.calls == [] and st.light_pending and m.resume_pending(w)
+
+
+def test_state_is_typed_and_stored_once_per_worker(m, up):
+    w = _worker(up)
+    assert state.peek(w) is None and not m.resume_pending(w)
+    assert m.unsupported_reason(w) is None
+    st = state.peek(w)
+    assert isinstance(st, m.SpecV2State) and st.unsupported_checked and state.of(w, m.SpecV2State) is st
+    w.server_args.enable_dp_attention = True
+    assert m.unsupported_reason(w) is None  # decided once per worker

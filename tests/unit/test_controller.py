@@ -294,3 +294,33 @@ def test_prefill_batch_time_is_interpolated_between_measured_sizes():
     assert v.batch_seconds(300) == pytest.approx(0.190 + slope * 100)
     n = v.batch_size_history(True)
     assert v.prefill_history(True) == pytest.approx(v.batch_seconds(n) / n)
+
+
+def test_a_resume_step_is_an_on_decision_run_and_charged_as_an_off_step():
+    from sglang_dynspec.controller import StepMode
+
+    clock = Clock()
+    seen = []
+
+    class Hook:
+        def dynspec_decision(self, record):
+            seen.append(record.speculate)
+
+        def dynspec_switch(self, record):
+            pass
+
+    c = Controller(build_policy("always", {}), clock=clock, sync_interval=1, hook=Hook())
+    assert c.step_mode(4, resume_pending=True) is StepMode.RESUME
+    clock.t += 0.030  # the resume step's interval: an off-step cost
+    assert c.step_mode(4) is StepMode.ON
+    clock.t += 0.010
+    assert c.step_mode(4, resume_pending=False) is StepMode.ON
+    assert c.costs.estimate_local(False, 4) == pytest.approx(0.030)
+    assert c.costs.estimate_local(True, 4) == pytest.approx(0.010)
+    s = c.snapshot()
+    assert s["steps_resume"] == 1 and s["steps_on"] == 3 and s["steps_off"] == 0 and s["switches"] == 0
+    assert seen == [True, True, True]  # observers see the policy's decision
+    never = Controller(build_policy("never", {}))
+    assert never.step_mode(4, resume_pending=True) is StepMode.OFF  # nothing to resume into
+    assert never.stats["steps_resume"] == 0
+    assert c.on_decode(4) is True  # on_decode: the on/off view of step_mode

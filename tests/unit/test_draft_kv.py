@@ -67,12 +67,7 @@ def test_setting_selects_the_sync(monkeypatch):
 def test_prepare_turns_the_light_sync_on_only_where_allowed():
     r = runner()
     r.model_config = NS(hidden_size=8, dtype="bf16")
-    st = {}
-    draft_kv.prepare(st, r, 4, "test", "light")
-    assert st["light"] is True and (st["topk"], st["draft_hidden"], st["draft_dtype"]) == (4, 8, "bf16")
-    st = {}
-    draft_kv.prepare(st, runner(LlamaForCausalLMEagle3(layers=2)), 4, "test", "light")
-    assert st == {}
-    st = {}
-    draft_kv.prepare(st, r, 4, "test", "full")
-    assert st == {}
+    light = draft_kv.prepare(r, 4, "test", "light")
+    assert (light.topk, light.draft_hidden, light.draft_dtype) == (4, 8, "bf16")
+    assert draft_kv.prepare(runner(LlamaForCausalLMEagle3(layers=2)), 4, "test", "light") is None
+    assert draft_kv.prepare(r, 4, "test", "full") is None

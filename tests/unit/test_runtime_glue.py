@@ -6,20 +6,40 @@ from types import SimpleNamespace as NS
 import pytest
 
 from sglang_dynspec import runtime
-from sglang_dynspec.controller import Controller
+from sglang_dynspec.controller import Controller, StepMode
 from sglang_dynspec.policies import build_policy
 
 
+class Result:
+    """A stand-in for SGLang's GenerationBatchResult (a plain dataclass: weakly referenceable)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
 class Adapter:
+    """Satisfies sglang_dynspec.adapters.Adapter; off-steps never leave a resume pending."""
+
     def __init__(self):
         self.off_calls = 0
+        self.modes = []
 
     def decode_batch_size(self, worker, batch):
         return None if batch.mode != "decode" else len(batch.reqs)
 
-    def forward_off(self, worker, batch, *a, **kw):
+    def forward_off(self, worker, batch, mode, *a, **kw):
         self.off_calls += 1
-        return NS(num_correct_drafts=0)
+        self.modes.append(mode)
+        return Result(num_correct_drafts=0)
+
+    def resume_pending(self, worker):
+        return False
+
+    def prepare(self, worker, settings):
+        pass
+
+    def describe(self, worker=None):
+        return {"adapter": "test"}
 
 
 @pytest.fixture
@@ -46,16 +66,35 @@ def batch(n, mode="decode", prefix="r"):
 
 
 def original(worker, b, *a, **kw):
-    return NS(num_correct_drafts=3 * len(b.reqs), spec=True)
+    return Result(num_correct_drafts=3 * len(b.reqs), spec=True)
 
 
-def test_policy_decides_and_off_result_is_marked(state):
+def is_off(st, result):
+    """Whether the runtime remembers ``result`` as an off-step's (without forgetting it)."""
+    return st.off_results.get(id(result)) is result
+
+
+def test_policy_decides_and_off_result_is_remembered(state):
     st = state("threshold", {"n": 2})
     on = runtime.around_v1_forward(original, st.worker, batch(2))
     off = runtime.around_v1_forward(original, st.worker, batch(5))
-    assert getattr(on, "spec", False) and not hasattr(on, "_dynspec_off")
-    assert off._dynspec_off is True and st.adapter.off_calls == 1
+    assert getattr(on, "spec", False) and not is_off(st, on) and vars(on).keys() == {"num_correct_drafts", "spec"}
+    assert is_off(st, off) and st.adapter.off_calls == 1 and st.adapter.modes == [StepMode.OFF]
+    assert vars(off).keys() == {"num_correct_drafts"}  # nothing written on SGLang's object
     assert st.controller.stats["switches"] == 1
+
+
+def test_off_results_are_forgotten_once_processed_or_dropped(state):
+    st = state("never")
+    off = runtime.around_v1_forward(original, st.worker, batch(2))
+    unprocessed = runtime.around_v1_forward(original, st.worker, batch(2))
+    assert len(st.off_results) == 2
+    runtime.after_process_decode(None, None, batch(2), off)
+    assert not is_off(st, off) and len(st.off_results) == 1 and st.controller.accept_samples == 0
+    runtime.after_process_decode(None, None, batch(2), off)  # asked again: now counted as speculative
+    assert st.controller.accept_samples == 1
+    del unprocessed  # dropped by its last holder without reaching the result hook
+    assert len(st.off_results) == 0
 
 
 def test_extend_batches_go_to_sglang_untouched(state):
@@ -74,7 +113,10 @@ def test_acceptance_only_from_speculative_results(state):
     st = state("always")
     b = batch(4)
     runtime.after_process_decode(None, None, b, NS(num_correct_drafts=6))
-    runtime.after_process_decode(None, None, b, NS(num_correct_drafts=0, _dynspec_off=True))
+    off = Result(num_correct_drafts=0)
+    st.off_results[id(off)] = off
+    runtime.after_process_decode(None, None, b, off)
+    runtime.after_process_decode(None, None, b, None)
     assert st.controller.accept_samples == 1
     assert st.controller.accept_length == pytest.approx(2.5)
 
@@ -85,7 +127,7 @@ def test_per_request_opt_out_forces_off(state):
     runtime.after_handle_generate(None, st.scheduler, NS(rid="x9", sampling_params=NS(custom_params={"other": 1})))
     runtime.after_handle_generate(None, st.scheduler, NS(rid="x8", sampling_params=NS(custom_params=None)))
     assert st.optout_rids == {"r1"}
-    assert runtime.around_v1_forward(original, st.worker, batch(3))._dynspec_off  # holds r1
+    assert is_off(st, runtime.around_v1_forward(original, st.worker, batch(3)))  # holds r1
     assert runtime.around_v1_forward(original, st.worker, batch(3, prefix="q")).spec  # r1 not in it
     assert st.controller.stats["steps_forced_off"] == 1
 
@@ -121,10 +163,10 @@ class LightAdapter(Adapter):
         super().__init__()
         self.pending, self.full_syncs = False, 0
 
-    def forward_off(self, worker, batch, *a, full_sync=False, **kw):
-        self.full_syncs += bool(full_sync)
-        self.pending = not full_sync
-        return super().forward_off(worker, batch, *a, **kw)
+    def forward_off(self, worker, batch, mode, *a, **kw):
+        self.full_syncs += mode is StepMode.RESUME
+        self.pending = mode is StepMode.OFF
+        return super().forward_off(worker, batch, mode, *a, **kw)
 
     def resume_pending(self, worker):
         return self.pending
@@ -143,7 +185,8 @@ def test_light_off_steps_resume_before_speculating(monkeypatch):
     runtime.around_v2_forward(original, worker, batch(5))  # off: light
     assert adapter.off_calls == 2 and adapter.full_syncs == 0 and adapter.pending
     resumed = runtime.around_v2_forward(original, worker, batch(2))  # on -> resume step instead
-    assert resumed._dynspec_off is True and adapter.full_syncs == 1 and not adapter.pending
+    assert is_off(st, resumed) and adapter.full_syncs == 1 and not adapter.pending
+    assert adapter.modes == [StepMode.OFF, StepMode.OFF, StepMode.RESUME]
     assert getattr(runtime.around_v2_forward(original, worker, batch(2)), "spec", False)  # now speculates
     s = st.controller.stats
     assert s["steps_resume"] == 1 and s["steps_on"] == 3 and s["steps_off"] == 2

@@ -18,6 +18,7 @@ full draft-extend sync.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import compat
@@ -63,22 +64,35 @@ def write(draft_model_runner, tokens, target_hidden, positions, locs) -> None:
             pool.set_kv_buffer(ra, locs, k, v, ra.k_scale, ra.v_scale)
 
 
-def prepare(state: dict, draft_model_runner, topk: int, who: str, mode: str) -> None:
-    """Turn the light sync on in an adapter's per-worker ``state`` where ``mode`` (the
-    ``offstep_draft_sync`` setting) and the draft allow (keys ``light``, ``placeholders``,
-    ``topk``, ``draft_hidden``, ``draft_dtype``); logs the choice."""
+@dataclass
+class LightSync:
+    """The light sync of one worker's draft: what a draft input after it is filled with."""
+
+    topk: int
+    draft_hidden: int
+    draft_dtype: Any
+    placeholders: Placeholders = field(default_factory=lambda: Placeholders())
+
+    def placeholder_rows(self, bs: int, device) -> dict:
+        """Zero ``topk_p`` / ``topk_index`` / ``hidden_states`` rows for ``bs`` requests."""
+        return self.placeholders.get(bs, self.topk, self.draft_hidden, self.draft_dtype, device)
+
+
+def prepare(draft_model_runner, topk: int, who: str, mode: str) -> LightSync | None:
+    """The light sync for an adapter's worker where ``mode`` (the ``offstep_draft_sync``
+    setting) and the draft allow, else None; logs the choice."""
     log = logging.getLogger("sglang_dynspec.adapters.draft_kv")
     if mode != "light":
         log.info("dynspec %s: off-steps sync the draft through its draft-extend (offstep_draft_sync=full)", who)
-        return
+        return None
     reason = compat.light_sync_draft_problem(draft_model_runner)
     if reason:
         log.info("dynspec %s: off-steps sync the draft through its draft-extend (%s)", who, reason)
-        return
+        return None
     mc = draft_model_runner.model_config
-    state.update(light=True, placeholders=Placeholders(), topk=int(topk),
-                 draft_hidden=int(mc.hidden_size), draft_dtype=mc.dtype)
+    light = LightSync(topk=int(topk), draft_hidden=int(mc.hidden_size), draft_dtype=mc.dtype)
     log.info("dynspec %s: off-steps write the draft KV directly (light sync; a resume step precedes speculation)", who)
+    return light
 
 
 class Placeholders:

@@ -29,18 +29,27 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from .. import compat
-from . import draft_kv, offstep_graphs
+from ..controller import StepMode
+from . import draft_kv, offstep_graphs, state
+from .draft_kv import LightSync
 from .profiler_ranges import span
+from .state import AdapterState
 
 logger = logging.getLogger("sglang_dynspec.adapters.spec_v2")
 
 FORWARD_TARGET = f"{compat.V2_MODULE}.{compat.V2_CLASS}.forward_batch_generation"
 
-# Per-worker state lives on the worker under this attribute (prepared flag, off-step graphs).
-_STATE_ATTR = "_dynspec_spec_v2_state"
+
+@dataclass
+class SpecV2State(AdapterState):
+    """This adapter's per-worker state (``state.py``): also why the worker can never run an off-step."""
+
+    unsupported_checked: bool = False
+    unsupported: str | None = None
 
 
 def _torch():
@@ -74,21 +83,13 @@ def _is_plain_v2_worker(worker) -> bool:
     return ok
 
 
-def _state(worker) -> dict:
-    st = worker.__dict__.get(_STATE_ATTR)
-    if st is None:
-        st = {"unsupported": None, "graphs": None}
-        worker.__dict__[_STATE_ATTR] = st
-    return st
-
-
 def unsupported_reason(worker) -> str | None:
     """Why this worker can never run an off-step (cached), or None."""
-    st = _state(worker)
-    if st["unsupported"] is not None:
-        return st["unsupported"] or None
+    st = state.of(worker, SpecV2State)
+    if st.unsupported_checked:
+        return st.unsupported
     reason = _compute_unsupported_reason(worker)
-    st["unsupported"] = reason or ""
+    st.unsupported_checked, st.unsupported = True, reason or None
     if reason:
         logger.warning("dynspec: off-steps disabled on this %s: %s", type(worker).__name__, reason)
     return reason
@@ -175,7 +176,7 @@ def _needs_hidden(worker) -> bool:
 def _capture_mode_for_target(worker):
     # The draft-extend reads the target hidden states; FULL == LAST for one token per request,
     # and FULL is what verify uses and what the off-step graphs capture.
-    return offstep_graphs.hidden_mode(_state(worker).get("graphs"), _needs_hidden(worker))
+    return offstep_graphs.hidden_mode(state.of(worker, SpecV2State).graphs, _needs_hidden(worker))
 
 
 def _window_locs(worker, batch, ndt: int):
@@ -190,11 +191,12 @@ def _window_locs(worker, batch, ndt: int):
 
 
 def _offstep_graphs_active(worker):
-    return offstep_graphs.active(worker.target_worker.model_runner, _state(worker).get("graphs"))
+    return offstep_graphs.active(worker.target_worker.model_runner, state.of(worker, SpecV2State).graphs)
 
 
 def _target_decode(worker, batch, kind: str, bonus, window, ndt: int, new_seq_lens):
-    """One plain DECODE token per request on the target; returns (GenerationBatchResult, copied batch)."""
+    """1. One plain DECODE token per request on the target (eager unless off-step graphs were
+    captured); returns (GenerationBatchResult, copied batch or None)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     torch = _torch()
@@ -247,54 +249,81 @@ def _record_stream(stream, *tensors) -> None:
             t.record_stream(stream)
 
 
-def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
+def forward_off(worker, batch, mode: StepMode, *args, **kwargs):
     """Run one decode step of ``worker`` without speculation (see module docstring).
 
-    ``full_sync``: refresh the draft through its draft-extend forward even where the light sync
-    (``draft_kv``) is available; the runtime asks for it on the resume step after light ones.
+    ``mode``: ``StepMode.RESUME`` refreshes the draft through its draft-extend forward even
+    where the light sync (``draft_kv``) is available (the runtime's resume step after light ones).
     """
-    torch = _torch()
     mod = compat.v2_worker_module()
     kind = compat.v2_input_kind()
-    GenerationBatchResult = mod.GenerationBatchResult
-    EagleDraftInput = mod.EagleDraftInput
-
-    on_publish = None
-    if kind == "schedule_batch":
-        on_publish = kwargs.get("on_publish", args[0] if args else None)
-        if kwargs.get("pp_proxy_tensors") is not None:
-            raise RuntimeError("dynspec spec_v2 off-step: pp_proxy_tensors is not supported")
-
-    device_mod = torch.get_device_module(batch.seq_lens.device)
-    fwd_stream = device_mod.current_stream()
-    # seq_lens / req_pool_indices may come from the schedule stream (as in verify()).
-    _record_stream(fwd_stream, batch.seq_lens, batch.req_pool_indices)
-
+    on_publish = _on_publish_arg(kind, args, kwargs)
+    device_mod, fwd_stream = _forward_stream(batch)
     ndt = int(worker.speculative_num_draft_tokens)
-    st = _state(worker)
-    light = bool(st.get("light")) and not full_sync
-    if not st.get("logged_first_off"):
-        st["logged_first_off"] = True
-        logger.info(
-            "dynspec: first off-step on %s (%s input, bs=%d, num_draft_tokens=%d, target graphs=%s, draft sync=%s)",
-            type(worker).__name__, kind, int(batch.seq_lens.shape[0]), ndt, bool(st.get("graphs")),
-            "light" if st.get("light") else "full",
-        )
-    bonus_field = compat.draft_input_bonus_field(EagleDraftInput)
+    st = state.of(worker, SpecV2State)
+    light = st.light is not None and mode is not StepMode.RESUME
+    _log_first_off(worker, st, kind, int(batch.seq_lens.shape[0]), ndt)
+    bonus_field = compat.draft_input_bonus_field(mod.EagleDraftInput)
     bonus = getattr(batch.spec_info, bonus_field)
     bs = int(batch.seq_lens.shape[0])
-    res_fields = compat.dataclass_field_names(GenerationBatchResult)
+    res_fields = compat.dataclass_field_names(mod.GenerationBatchResult)
     # Light: only the slot of position seq_lens is written.  Full: the draft-extend also fills
     # the rest of the verify window (over-allocated by the scheduler, beyond new_seq_lens).
     span_w = 1 if light else ndt
     window = _window_locs(worker, batch, span_w)
+    new_seq_lens, verify_done = _publish_seq_lens(batch, device_mod, res_fields, on_publish)  # 0
+    with span("dynspec.offstep.target"):  # 1
+        out, target_batch = _target_decode(worker, batch, kind, bonus, window, span_w, new_seq_lens)
+    new_tokens, target_hidden, stride, predict, accept_lens = _rejected_verify(out, light, res_fields, ndt, bs)  # 2
+    next_draft_input = _next_draft_input(mod.EagleDraftInput, bonus_field, new_tokens, st.light if light else None,
+                                         bs, res_fields, new_seq_lens, verify_done)
+    result = _result(mod.GenerationBatchResult, out, predict, stride, next_draft_input, accept_lens, new_seq_lens,
+                     keep_alive=[target_batch] if target_batch is not None else [window])
+    if light:  # 3a
+        _sync_draft_light(worker, st, batch, new_tokens, target_hidden, window)
+    else:  # 3b
+        _sync_draft_full(worker, st, batch, result, window, predict, accept_lens, fwd_stream)
+    return result
 
-    # 0. Publish the next step's seq_lens before the target runs.  A verify's lengths depend on its
-    #    outcome, so SGLang publishes them after it; an off-step's are seq_lens + 1, known now.  The
-    #    scheduler blocks on this publication (0.5.11-0.5.12: verify_done, waited for in
-    #    prepare_for_decode / filter_batch; >= 0.5.13: on_publish, which gates its seq_lens copy) and
-    #    then prepares the next batch while the GPU still runs this one, as for plain decode.  All
-    #    GPU work stays ordered on the forward stream, so nothing the next batch runs can overtake it.
+
+def _on_publish_arg(kind: str, args, kwargs):
+    """The ``on_publish`` callback the scheduler passed (``schedule_batch`` input only), else None."""
+    if kind != "schedule_batch":
+        return None
+    on_publish = kwargs.get("on_publish", args[0] if args else None)
+    if kwargs.get("pp_proxy_tensors") is not None:
+        raise RuntimeError("dynspec spec_v2 off-step: pp_proxy_tensors is not supported")
+    return on_publish
+
+
+def _forward_stream(batch):
+    """The device module and the current (forward) stream, which keeps ``seq_lens`` /
+    ``req_pool_indices`` alive: they may come from the schedule stream (as in verify())."""
+    device_mod = _torch().get_device_module(batch.seq_lens.device)
+    fwd_stream = device_mod.current_stream()
+    _record_stream(fwd_stream, batch.seq_lens, batch.req_pool_indices)
+    return device_mod, fwd_stream
+
+
+def _log_first_off(worker, st: SpecV2State, kind: str, bs: int, ndt: int) -> None:
+    if not st.logged_first_off:
+        st.logged_first_off = True
+        logger.info(
+            "dynspec: first off-step on %s (%s input, bs=%d, num_draft_tokens=%d, target graphs=%s, draft sync=%s)",
+            type(worker).__name__, kind, bs, ndt, bool(st.graphs), "light" if st.light is not None else "full",
+        )
+
+
+def _publish_seq_lens(batch, device_mod, res_fields, on_publish):
+    """0. Publish the next step's seq_lens before the target runs; returns (new_seq_lens,
+    verify_done event or None).
+
+    A verify's lengths depend on its outcome, so SGLang publishes them after it; an off-step's
+    are seq_lens + 1, known now.  The scheduler blocks on this publication (0.5.11-0.5.12:
+    verify_done, waited for in prepare_for_decode / filter_batch; >= 0.5.13: on_publish, which
+    gates its seq_lens copy) and then prepares the next batch while the GPU still runs this one,
+    as for plain decode.  All GPU work stays ordered on the forward stream, so nothing the next
+    batch runs can overtake it."""
     new_seq_lens = batch.seq_lens + 1
     verify_done = None
     if "new_seq_lens" not in res_fields:
@@ -302,17 +331,20 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
         verify_done.record()
     elif on_publish is not None:
         on_publish(new_seq_lens)
+    return new_seq_lens, verify_done
 
-    # 1. Target: plain one-token decode (eager unless off-step graphs were captured).
-    with span("dynspec.offstep.target"):
-        out, target_batch = _target_decode(worker, batch, kind, bonus, window, span_w, new_seq_lens)
+
+def _rejected_verify(out, light: bool, res_fields, ndt: int, bs: int):
+    """2. The tokens of a verify whose drafts were all rejected, from the target decode ``out``:
+    returns (new tokens, target hidden states, row stride, per-row tokens, accept_lens).
+
+    Releases whose result carries its own row stride (0.5.12+) take one row per request after
+    a light sync; otherwise every per-token tensor has num_draft_tokens rows per request, the
+    real value in row i*ndt (the full sync pads ``out``'s hidden states the same way)."""
+    torch = _torch()
     logits_output = out.logits_output
     new_tokens = out.next_token_ids.to(torch.int32)
     target_hidden = logits_output.hidden_states
-
-    # 2. The result of a verify whose drafts were all rejected.  Releases whose result carries
-    #    its own row stride (0.5.12+) take one row per request after a light sync; otherwise every
-    #    per-token tensor has num_draft_tokens rows per request, the real value in row i*ndt.
     stride = 1 if (light and "speculative_num_draft_tokens" in res_fields) else ndt
     if stride > 1:
         predict = new_tokens.repeat_interleave(stride)
@@ -321,25 +353,31 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
     else:
         predict = new_tokens
     accept_lens = torch.ones(bs, dtype=torch.int32, device=new_tokens.device)
+    return new_tokens, target_hidden, stride, predict, accept_lens
 
-    di_fields = compat.dataclass_field_names(EagleDraftInput)
+
+def _next_draft_input(draft_input_cls, bonus_field: str, new_tokens, light: LightSync | None, bs: int, res_fields,
+                      new_seq_lens, verify_done):
+    """2. The next step's draft input: the new tokens, placeholder draft outputs after a light
+    sync (never drafted from: the runtime's resume step replaces them before speculating), and
+    on <= 0.5.12 new_seq_lens + verify_done (recorded in step 0)."""
+    di_fields = compat.dataclass_field_names(draft_input_cls)
     nd_kwargs = {bonus_field: new_tokens}
-    if light:
-        # Never drafted from: the runtime's resume step replaces them before speculating.
-        nd_kwargs.update(st["placeholders"].get(bs, st["topk"], st["draft_hidden"], st["draft_dtype"],
-                                                new_tokens.device))
+    if light is not None:
+        nd_kwargs.update(light.placeholder_rows(bs, new_tokens.device))
     if "new_seq_lens" not in res_fields:
-        # <= 0.5.12: new_seq_lens + verify_done (recorded above) travel on the next draft input.
         nd_kwargs["new_seq_lens"] = new_seq_lens
         if "verify_done" in di_fields:
             nd_kwargs["verify_done"] = verify_done
-    next_draft_input = EagleDraftInput(**nd_kwargs)
+    return draft_input_cls(**nd_kwargs)
 
-    keep_alive = [target_batch] if target_batch is not None else [window]
-    result = GenerationBatchResult(
+
+def _result(result_cls, out, predict, stride: int, next_draft_input, accept_lens, new_seq_lens, keep_alive):
+    """2. The GenerationBatchResult, with the fields the installed release declares."""
+    return result_cls(
         **compat.only_fields(
-            GenerationBatchResult,
-            logits_output=logits_output,
+            result_cls,
+            logits_output=out.logits_output,
             next_token_ids=predict,
             can_run_cuda_graph=bool(out.can_run_cuda_graph),
             # 0.5.12+ only; older schedulers take the row stride from
@@ -354,18 +392,20 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
         )
     )
 
-    dw = worker.draft_worker
-    if light:
-        # 3a. Draft KV of position seq_lens from (target hidden there, new token), nothing else.
-        st["light_pending"] = True
-        with span("dynspec.offstep.draft_kv"), compat.draft_contexts(worker):
-            draft_kv.write(dw.draft_runner, new_tokens, target_hidden, batch.seq_lens, window)
-        return result
 
-    # 3b. Full sync through the decode draft-extend: writes draft KV at position seq_lens from
-    #    (target hidden at seq_lens, new token) and yields topk_p / topk_index / hidden_states for
-    #    the next draft round (select_index = i*ndt + accept_lens - 1).
-    st["light_pending"] = False
+def _sync_draft_light(worker, st: SpecV2State, batch, new_tokens, target_hidden, window) -> None:
+    """3a. Draft KV of position seq_lens from (target hidden there, new token), nothing else."""
+    st.light_pending = True
+    with span("dynspec.offstep.draft_kv"), compat.draft_contexts(worker):
+        draft_kv.write(worker.draft_worker.draft_runner, new_tokens, target_hidden, batch.seq_lens, window)
+
+
+def _sync_draft_full(worker, st: SpecV2State, batch, result, window, predict, accept_lens, fwd_stream) -> None:
+    """3b. Full sync through the decode draft-extend: writes draft KV at position seq_lens from
+    (target hidden at seq_lens, new token) and yields topk_p / topk_index / hidden_states for
+    the next draft round (select_index = i*ndt + accept_lens - 1)."""
+    dw = worker.draft_worker
+    st.light_pending = False
     batch.out_cache_loc = window
     plan_stream = getattr(dw, "plan_stream", None)
     if plan_stream is not None:
@@ -374,13 +414,12 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
         _record_stream(plan_stream, window, predict, accept_lens, batch.seq_lens)
     with span("dynspec.offstep.draft_sync"), compat.draft_contexts(worker):
         dw._draft_extend_for_decode(batch, result)
-    return result
 
 
 def resume_pending(worker) -> bool:
     """Whether the last off-step used the light sync, so the next step must be a resume step."""
-    st = worker.__dict__.get(_STATE_ATTR)
-    return bool(st and st.get("light_pending"))
+    st = state.peek(worker)
+    return bool(st and st.light_pending)
 
 
 def offstep_graphs_unsupported() -> str | None:
@@ -391,22 +430,23 @@ def offstep_graphs_unsupported() -> str | None:
 def prepare(worker, settings) -> None:
     """One-time setup before serving: off-step DECODE graphs and the light draft sync, where
     ``settings`` (DynspecSettings) and the release allow."""
-    st = _state(worker)
-    if st.get("prepared"):
+    st = state.of(worker, SpecV2State)
+    if st.prepared:
         return
-    st["prepared"] = True
+    st.prepared = True
     if unsupported_reason(worker):
         return
-    st["graphs"] = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
-    draft_kv.prepare(st, getattr(getattr(worker, "draft_worker", None), "draft_runner", None),
-                     getattr(worker, "topk", 1), "spec_v2", settings.offstep_draft_sync)
+    st.graphs = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
+    st.light = draft_kv.prepare(getattr(getattr(worker, "draft_worker", None), "draft_runner", None),
+                                getattr(worker, "topk", 1), "spec_v2", settings.offstep_draft_sync)
 
 
 # --------------------------------------------------------------------------------------------
 
 
-def describe() -> dict[str, Any]:
-    """What this adapter supports on the installed SGLang (for the CLI doctor)."""
+def describe(worker=None) -> dict[str, Any]:
+    """What this adapter supports on the installed SGLang (for the CLI doctor); the same for
+    every worker (``worker`` is accepted for the adapter protocol)."""
     info: dict[str, Any] = {"adapter": "spec_v2", "hook": FORWARD_TARGET}
     try:
         cls = compat.v2_worker_class()

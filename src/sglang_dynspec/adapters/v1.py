@@ -22,7 +22,11 @@ An off-step therefore does, in order:
    scheduler's result processor relies on the worker for it;
 5. a draft-extend "after decode" with zero accepted drafts (one token per unfinished
    request) through the worker's own ``forward_draft_extend_after_decode``, so the draft KV
-   for this position is written and the next batch can speculate again with full acceptance.
+   for this position is written and the next batch can speculate again with full acceptance
+   (or the light sync, ``draft_kv``, followed by a resume step before speculating);
+6. the result: the target's own GenerationBatchResult with zero accepted drafts.
+
+``forward_off`` is these steps in order, one function each.
 
 Known limits (``decode_batch_size`` returns ``None`` for them, so upstream runs): DP
 attention (every DP rank must take the same branch; idle ranks run upstream), hybrid
@@ -36,8 +40,10 @@ import logging
 from typing import Any
 
 from .. import compat
-from . import draft_kv, offstep_graphs
+from ..controller import StepMode
+from . import draft_kv, offstep_graphs, state
 from .profiler_ranges import span
+from .state import AdapterState
 
 logger = logging.getLogger(__name__)
 
@@ -75,30 +81,51 @@ def decode_batch_size(worker, batch) -> int | None:
     return n if n > 0 else None
 
 
-def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
+def forward_off(worker, batch, mode: StepMode, *args, **kwargs):
     """One plain target decode step + one-token draft KV sync; returns GenerationBatchResult.
 
-    ``full_sync``: refresh the draft through its draft-extend even where the light sync
-    (``draft_kv``) is available (the runtime's resume step after light ones).
+    ``mode``: ``StepMode.RESUME`` refreshes the draft through its draft-extend even where the
+    light sync (``draft_kv``) is available (the runtime's resume step after light ones).
+    The numbered steps are the module docstring's.
     """
-    import torch
-    from sglang.srt.managers.utils import GenerationBatchResult
-    from sglang.srt.mem_cache.common import alloc_for_decode
+    st = state.of(worker)
+    light = st.light is not None and mode is not StepMode.RESUME
+    bs = len(batch.reqs)
+    last = compat.last_token_ids(batch.spec_info)
+    _cumulate_penalties(batch, last)  # 1
+    out_cache_loc = _alloc_slots(batch, last)  # 2
+    target_result = _target_decode(worker, batch, st.graphs)  # 3
+    logits_output = target_result.logits_output
+    next_token_ids = target_result.next_token_ids
+    unfinished = _commit_tokens(batch, next_token_ids, logits_output)  # 4
+    _log_first_off(worker, st, bs, light)
+    _sync_draft(worker, batch, st, light, unfinished, next_token_ids, logits_output, out_cache_loc)  # 5
+    return _fill_result(target_result, bs)  # 6
+
+
+def _forward_mode():
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    reqs = batch.reqs
-    bs = len(reqs)
-    draft_input = batch.spec_info
-    last = compat.last_token_ids(draft_input)
+    return ForwardMode
 
-    # 1. What the spec path's decode preprocessing does besides drafting.
+
+def _cumulate_penalties(batch, last) -> None:
+    """1. What the spec path's decode preprocessing does besides drafting."""
+    import torch
+
     orch = batch.sampling_info.penalizer_orchestrator
     if orch.is_required:
         orch.cumulate_output_tokens(last.to(torch.int64))
 
-    # 2. One slot per request; alloc_for_decode also evicts SWA and writes req_to_token[seq_lens].
+
+def _alloc_slots(batch, last):
+    """2. One slot per request (``alloc_for_decode`` also evicts SWA and writes
+    ``req_to_token[seq_lens]``), and the lengths a plain decode step advances; returns the slots."""
+    import torch
+    from sglang.srt.mem_cache.common import alloc_for_decode
+
     out_cache_loc = alloc_for_decode(batch, token_per_req=1)
-    for req in reqs:
+    for req in batch.reqs:
         if hasattr(req, "decode_batch_idx"):
             req.decode_batch_idx += 1
         req.kv_committed_len += 1
@@ -111,22 +138,28 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
         batch.orig_seq_lens.add_(1)
     # v1 verify leaves seq_lens_sum stale; the CPU copy is exact and costs no sync.
     batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+    return out_cache_loc
 
-    # 3. Plain target decode.  spec_info=None keeps positions / attention metadata on the
-    # non-speculative path.  The draft needs the hidden state: the off-step graphs' own mode
-    # (FULL, one row per request) when they exist, else LAST for the eager forward.  The verify
-    # graph never replays this batch (the graph guard in runtime).
+
+def _target_decode(worker, batch, graphs):
+    """3. Plain target decode; returns the target's GenerationBatchResult.
+
+    spec_info=None keeps positions / attention metadata on the non-speculative path.  The draft
+    needs the hidden state: the off-step graphs' own mode (FULL, one row per request) when they
+    exist, else LAST for the eager forward.  The verify graph never replays this batch (the
+    graph guard in runtime)."""
     batch.spec_info = None
-    batch.forward_mode = ForwardMode.DECODE
+    batch.forward_mode = _forward_mode().DECODE
     mwb = batch.get_model_worker_batch()
-    graphs = _graphs(worker)
     mwb.capture_hidden_mode = offstep_graphs.hidden_mode(graphs, _needs_hidden(worker), eager_mode="LAST")
     with span("dynspec.offstep.target"), offstep_graphs.active(worker.target_worker.model_runner, graphs):
-        target_result = worker.target_worker.forward_batch_generation(mwb)
-    logits_output = target_result.logits_output
-    next_token_ids = target_result.next_token_ids
+        return worker.target_worker.forward_batch_generation(mwb)
 
-    # 4. Per-request bookkeeping the v1 result processor leaves to the worker.
+
+def _commit_tokens(batch, next_token_ids, logits_output) -> list[int]:
+    """4. Per-request bookkeeping the v1 result processor leaves to the worker (output ids,
+    reasoning tokens, finish checks, grammar, logprobs); returns the unfinished rows."""
+    reqs = batch.reqs
     tokens_cpu = next_token_ids.tolist()
     think_end_id = getattr(getattr(batch, "model_config", None), "think_end_id", None)
     unfinished = []
@@ -149,69 +182,103 @@ def forward_off(worker, batch, *args, full_sync: bool = False, **kwargs):
             req.spec_verify_ct += 1
     if batch.return_logprob:
         _append_logprobs(reqs, tokens_cpu, logits_output)
+    return unfinished
 
-    # 5. Draft KV sync for unfinished rows (spec_info must hold exactly those, in order).
-    state = getattr(worker, _STATE_ATTR, None)
-    if state is None:
-        state = {}
-        setattr(worker, _STATE_ATTR, state)
-    light = bool(state.get("light")) and not full_sync
-    if not state.get("logged_first_off"):
-        state["logged_first_off"] = True
+
+def _log_first_off(worker, st: AdapterState, bs: int, light: bool) -> None:
+    if not st.logged_first_off:
+        st.logged_first_off = True
         logger.info("dynspec: first off-step on %s (bs=%d, target graphs=%s, draft sync=%s)",
-                    type(worker).__name__, bs, bool(graphs), "light" if light else "full")
-    keep = None
-    if unfinished and len(unfinished) != bs:
-        keep = torch.tensor(unfinished, dtype=torch.int64, device=batch.seq_lens.device)
+                    type(worker).__name__, bs, bool(st.graphs), "light" if light else "full")
 
-    def rows(t):
-        return t if keep is None or t is None else t[keep]
 
+def _sync_draft(worker, batch, st: AdapterState, light: bool, unfinished: list[int], next_token_ids, logits_output,
+                out_cache_loc) -> None:
+    """5. Draft KV sync for the unfinished rows (spec_info must hold exactly those, in order);
+    leaves the batch in DECODE mode."""
+    keep = _keep_index(unfinished, batch)
     if not unfinished:
-        worker._draft_preprocess_idle(batch)
-        state["light_pending"] = False  # nothing left to resume
+        _sync_draft_idle(worker, batch, st)
     elif light:
-        # Draft KV of every row's position seq_lens-1 (finished rows' slots are freed next, so
-        # writing them is harmless and saves an index), then a draft input that is never drafted
-        # from: the runtime runs a resume step first.
-        with span("dynspec.offstep.draft_kv"), compat.spec_contexts(worker):
-            draft_kv.write(worker.draft_model_runner, next_token_ids, logits_output.hidden_states,
-                           batch.seq_lens - 1, out_cache_loc)
-        toks = rows(next_token_ids).to(torch.int32)
-        ph = state["placeholders"].get(len(unfinished), state["topk"], state["draft_hidden"], state["draft_dtype"],
-                                       toks.device)
-        # Materialised: the scheduler filters and concatenates these rows in place.
-        batch.spec_info = compat.build_draft_input(toks, **{k: v.contiguous() for k, v in ph.items()})
-        state["light_pending"] = True
+        _sync_draft_light(worker, batch, st, keep, len(unfinished), next_token_ids, logits_output.hidden_states,
+                          out_cache_loc)
     else:
-        state["light_pending"] = False
-        hidden = logits_output.hidden_states if _needs_hidden(worker) else None
-        if hidden is not None:
-            width = compat._draft_extend_hidden_width(worker)
-            if width is not None and hidden.shape[1] != width:
-                # The draft-extend graph would silently keep a stale buffer; refuse instead.
-                raise RuntimeError(
-                    f"sglang-dynspec: off-step target hidden width {hidden.shape[1]} != "
-                    f"draft-extend buffer width {width}"
-                )
-        extend_input = compat.build_draft_extend_input(
-            hidden_states=rows(hidden),
-            tokens=rows(next_token_ids).to(torch.int32),
-            seq_lens=rows(batch.seq_lens),
-            seq_lens_cpu=batch.seq_lens_cpu if keep is None else batch.seq_lens_cpu[unfinished],
-            req_pool_indices=rows(batch.req_pool_indices),
-        )
-        batch.out_cache_loc = rows(out_cache_loc)
-        batch.spec_info = extend_input
-        batch.forward_mode = ForwardMode.DECODE
-        with span("dynspec.offstep.draft_sync"), compat.spec_contexts(worker):
-            next_draft_input = worker.forward_draft_extend_after_decode(batch)
-        if next_draft_input is not None:  # 0.5.12 returns it; older releases mutate in place
-            batch.spec_info = next_draft_input
-    batch.forward_mode = ForwardMode.DECODE
+        _sync_draft_full(worker, batch, st, keep, unfinished, next_token_ids, logits_output.hidden_states,
+                         out_cache_loc)
+    batch.forward_mode = _forward_mode().DECODE
 
-    # 6. Result under the installed release's field names; keep the target result's extras
-    # (routed experts, metrics events) by filling in the same object.
+
+def _keep_index(unfinished: list[int], batch):
+    """The rows the draft sync keeps: None for all of them (or none), else their index tensor."""
+    if unfinished and len(unfinished) != len(batch.reqs):
+        import torch
+
+        return torch.tensor(unfinished, dtype=torch.int64, device=batch.seq_lens.device)
+    return None
+
+
+def _rows(t, keep):
+    return t if keep is None or t is None else t[keep]
+
+
+def _sync_draft_idle(worker, batch, st: AdapterState) -> None:
+    """5. Every request finished: the worker's idle draft input, nothing left to resume."""
+    worker._draft_preprocess_idle(batch)
+    st.light_pending = False
+
+
+def _sync_draft_light(worker, batch, st: AdapterState, keep, n_unfinished: int, next_token_ids, target_hidden,
+                      out_cache_loc) -> None:
+    """5. Light sync: the draft KV of every row's position seq_lens-1 (finished rows' slots are
+    freed next, so writing them is harmless and saves an index), then a draft input for the
+    unfinished rows that is never drafted from: the runtime runs a resume step first."""
+    import torch
+
+    with span("dynspec.offstep.draft_kv"), compat.spec_contexts(worker):
+        draft_kv.write(worker.draft_model_runner, next_token_ids, target_hidden, batch.seq_lens - 1, out_cache_loc)
+    toks = _rows(next_token_ids, keep).to(torch.int32)
+    ph = st.light.placeholder_rows(n_unfinished, toks.device)
+    # Materialised: the scheduler filters and concatenates these rows in place.
+    batch.spec_info = compat.build_draft_input(toks, **{k: v.contiguous() for k, v in ph.items()})
+    st.light_pending = True
+
+
+def _sync_draft_full(worker, batch, st: AdapterState, keep, unfinished: list[int], next_token_ids, target_hidden,
+                     out_cache_loc) -> None:
+    """5. Full sync: the worker's own draft-extend "after decode", one token per unfinished row."""
+    import torch
+
+    st.light_pending = False
+    hidden = target_hidden if _needs_hidden(worker) else None
+    if hidden is not None:
+        width = compat.draft_extend_hidden_width(worker)
+        if width is not None and hidden.shape[1] != width:
+            # The draft-extend graph would silently keep a stale buffer; refuse instead.
+            raise RuntimeError(
+                f"sglang-dynspec: off-step target hidden width {hidden.shape[1]} != "
+                f"draft-extend buffer width {width}"
+            )
+    extend_input = compat.build_draft_extend_input(
+        hidden_states=_rows(hidden, keep),
+        tokens=_rows(next_token_ids, keep).to(torch.int32),
+        seq_lens=_rows(batch.seq_lens, keep),
+        seq_lens_cpu=batch.seq_lens_cpu if keep is None else batch.seq_lens_cpu[unfinished],
+        req_pool_indices=_rows(batch.req_pool_indices, keep),
+    )
+    batch.out_cache_loc = _rows(out_cache_loc, keep)
+    batch.spec_info = extend_input
+    batch.forward_mode = _forward_mode().DECODE
+    with span("dynspec.offstep.draft_sync"), compat.spec_contexts(worker):
+        next_draft_input = worker.forward_draft_extend_after_decode(batch)
+    if next_draft_input is not None:  # 0.5.12 returns it; older releases mutate in place
+        batch.spec_info = next_draft_input
+
+
+def _fill_result(target_result, bs: int):
+    """6. The result under the installed release's field names; the target result's extras
+    (routed experts, metrics events) are kept by filling in the same object."""
+    from sglang.srt.managers.utils import GenerationBatchResult
+
     if not isinstance(target_result, GenerationBatchResult):
         raise RuntimeError(f"sglang-dynspec: unexpected target result {type(target_result).__name__}")
     for name, value in compat.result_kwargs(GenerationBatchResult, bs=bs).items():
@@ -241,30 +308,23 @@ def _append_logprobs(reqs, tokens_cpu, logits_output) -> None:
 
 # --- per-worker state: off-step graphs (else eager target decode), light draft sync -------
 
-_STATE_ATTR = "_dynspec_v1_state"
-
-
-def _graphs(worker):
-    state = getattr(worker, _STATE_ATTR, None)
-    return state.get("graphs") if state else None
-
 
 def prepare(worker, settings) -> None:
     """One-time setup before serving: off-step DECODE graphs and the light draft sync, where
     ``settings`` (DynspecSettings) and the release allow."""
-    if getattr(worker, _STATE_ATTR, None) is not None:
+    st = state.of(worker)
+    if st.prepared:
         return
-    state: dict[str, Any] = {"graphs": None}
-    setattr(worker, _STATE_ATTR, state)  # first: a failing capture is not retried
-    state["graphs"] = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
-    draft_kv.prepare(state, getattr(worker, "draft_model_runner", None), getattr(worker, "topk", 1), "v1",
-                     settings.offstep_draft_sync)
+    st.prepared = True  # first: a failing capture is not retried
+    st.graphs = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
+    st.light = draft_kv.prepare(getattr(worker, "draft_model_runner", None), getattr(worker, "topk", 1), "v1",
+                                settings.offstep_draft_sync)
 
 
 def resume_pending(worker) -> bool:
     """Whether the last off-step used the light sync, so the next step must be a resume step."""
-    state = getattr(worker, _STATE_ATTR, None)
-    return bool(state and state.get("light_pending"))
+    st = state.peek(worker)
+    return bool(st and st.light_pending)
 
 
 def _needs_hidden(worker) -> bool:
@@ -288,7 +348,7 @@ def describe(worker=None) -> dict:
     except Exception as exc:  # doctor output: report, never raise
         info["error"] = f"{type(exc).__name__}: {exc}"
     if worker is not None:
-        state = getattr(worker, _STATE_ATTR, None) or {}
-        graphs = state.get("graphs") or {}
+        st = state.peek(worker)
+        graphs = (st.graphs if st is not None else None) or {}
         info["offstep_graphs"] = {"active": bool(graphs), "gib": graphs.get("gib")}
     return info
