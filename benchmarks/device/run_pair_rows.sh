@@ -11,8 +11,9 @@
 #           mode), temperature 0.7, 8×C requests (at most 400); (4) then the open-loop trace, greedy, lengths
 #           32..256: 3 cycles of LOW 2 req/s and HIGH 50 req/s, 10 s phases (shrunk to fit the deadline, not
 #           below 6 s; skipped, and recorded, when even that does not fit: row 3 comes first).
-#   row2    SGLang 0.5.15 (its own bundle and unpack, not a warm machine's 0.5.12): the GPU tests
-#           (tests/gpu via run_sweep.sh pytest) first, beside the pair build when there is no pair to reuse;
+#   row2    SGLang 0.5.15 (its own bundle and unpack, not a warm machine's 0.5.12): if asked
+#           (DYNSPEC_ROWS2_PYTEST_ARGS, off by default: see below), the GPU tests (tests/gpu via
+#           run_sweep.sh pytest) first, beside the pair build when there is no pair to reuse;
 #           the sweep's servers start after both (beside the tests' servers they would not fit in GPU memory,
 #           and the tests would disturb the timings), then off / on@topk4 / dynspec:goodput@topk4 (topk 4, 2 steps,
 #           16 draft tokens) at C = 1,5,30,100,250, greedy, 128 tokens, accept pass of on@topk4 at t=0.
@@ -56,7 +57,10 @@
 #           DYNSPEC_ROWS4_TEMP [0], DYNSPEC_ROWS4_LEN_RANGE [32,256]
 #   row2:   DYNSPEC_ROWS2_C [1,5,30,100,250], DYNSPEC_ROWS2_MIN_REQ [32], DYNSPEC_ROWS2_MAX_REQ [600],
 #           DYNSPEC_ROWS2_ACCEPT_T [0], DYNSPEC_ROWS2_TESTS_END_S tests end by then (pytest --timeout) [330],
-#           DYNSPEC_ROWS2_PYTEST_ARGS [-n 3] (`none`: no tests); DYNSPEC_BUNDLE [.gpu-bundle-0.5.15],
+#           DYNSPEC_ROWS2_PYTEST_ARGS pytest arguments of the GPU tests [none: no tests]. On the H200
+#           (2026-12-01) `-n 3` failed: the three tests' servers did not fit in GPU memory together
+#           (OOM at start, pair1g-row2-gpu-tests.txt); one after the other they took 561 s on a fresh
+#           machine (gputests-0512-head.txt), more than a call holds beside the sweep: run them alone; DYNSPEC_BUNDLE [.gpu-bundle-0.5.15],
 #           DYNSPEC_SITE [/tmp/site-0.5.15]
 set -uo pipefail
 
@@ -108,7 +112,7 @@ gpu_tests() {
   budget=$(( ${DYNSPEC_ROWS2_TESTS_END_S:-330} - ($(date +%s) - T0) ))
   [ "$budget" -ge 60 ] || budget=60
   local per_test=$budget
-  read -r -a args <<<"${DYNSPEC_ROWS2_PYTEST_ARGS:--n 3}"
+  read -r -a args <<<"${DYNSPEC_ROWS2_PYTEST_ARGS}"
   if [ "${#args[@]}" -gt 0 ] && [ "${args[0]}" = -n ] && ! python3 -c 'import xdist' 2>/dev/null; then
     # --timeout is per test: one after the other, the three GPU tests share the budget.
     per_test=$(( budget / 3 )); args=("${args[@]:2}")
@@ -154,7 +158,7 @@ case "$ROW" in
     RC=$? ;;
   row2)
     TRC=skipped
-    if [ "${DYNSPEC_ROWS2_PYTEST_ARGS:-}" != none ]; then
+    if [ "${DYNSPEC_ROWS2_PYTEST_ARGS:-none}" != none ]; then
       gpu_tests & TPID=$!
       # Returns at once when the pair is there to reuse; else builds it while the tests run.
       DYNSPEC_PAIR_BUILD_ONLY=1 DYNSPEC_PAIR_NAME=$NAME bash "$REPO/benchmarks/device/run_pair.sh" 2>&1 | sed -u 's/^/[pair] /'
