@@ -32,6 +32,14 @@ LEVEL_ESTIMATE_FACTOR = 2.0
 LEVEL_ORDERS = ("mode", "level")
 
 
+def checked_len_range(rng, what: str) -> tuple[int, int]:
+    """(lo, hi) output lengths as ints, or ValueError naming ``what``."""
+    lo, hi = rng
+    if not 1 <= int(lo) <= int(hi):
+        raise ValueError(f"{what}: need 1 <= lo <= hi, got {rng}")
+    return int(lo), int(hi)
+
+
 @dataclass
 class TracePlan:
     """An alternating low/high open-loop trace run on the same servers after the closed-loop levels.
@@ -62,10 +70,7 @@ class TracePlan:
         if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"trace plan: temperature must be a number >= 0, got {self.temperature}")
         if self.output_len_range is not None:
-            lo, hi = self.output_len_range
-            if not 1 <= int(lo) <= int(hi):
-                raise ValueError(f"trace plan: output_len_range needs 1 <= lo <= hi, got {self.output_len_range}")
-            self.output_len_range = (int(lo), int(hi))
+            self.output_len_range = checked_len_range(self.output_len_range, "trace plan: output_len_range")
 
     @classmethod
     def parse(cls, text: str, min_phase_s: float | None = None, overhead_s: float = 10.0,
@@ -166,10 +171,7 @@ class SweepConfig:
         if self.requests_factor < 1:
             raise ValueError(f"requests_factor must be >= 1, got {self.requests_factor}")
         if self.output_len_range is not None:
-            lo, hi = self.output_len_range
-            if not 1 <= int(lo) <= int(hi):
-                raise ValueError(f"output_len_range: need 1 <= lo <= hi, got {self.output_len_range}")
-            self.output_len_range = (int(lo), int(hi))
+            self.output_len_range = checked_len_range(self.output_len_range, "output_len_range")
         if self.output_len_seed is None:
             self.output_len_seed = self.seed
         if self.level_order not in LEVEL_ORDERS:

@@ -8,7 +8,6 @@ logs tarballs, the reuse notes, the order of tests / build / sweep."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tarfile
 from pathlib import Path
@@ -19,34 +18,9 @@ pytest.importorskip("aiohttp")
 REPO = Path(__file__).resolve().parents[2]
 
 from benchmarks.dynspec_bench.loadgen import output_lengths  # noqa: E402
-from benchmarks.dynspec_bench.testing.fixtures import SHIM  # noqa: E402
+from benchmarks.dynspec_bench.testing.fixtures import fake_bundle, free_port_bases  # noqa: E402
 
 MODES = {"off", "on", "dynspec:goodput"}
-
-
-def _bundle(root: Path) -> Path:
-    """A bundle whose site.tar.xz holds the fake `sglang` (launch_server starts the fake server)."""
-    bundle = root / "bundle"
-    bundle.mkdir()
-    with tarfile.open(bundle / "site.tar.xz", "w:xz") as tar:
-        tar.add(SHIM / "sglang", arcname="sglang", filter=lambda ti: None if "__pycache__" in ti.name else ti)
-    return bundle
-
-
-def _port_base() -> int:
-    """3 free ports below the ephemeral range, away from run_pair_x2's dry run."""
-    def free(port: int) -> bool:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return True
-            except OSError:
-                return False
-
-    for base in range(24000 + (os.getpid() % 400) * 20, 32000, 10):
-        if all(free(base + i) for i in range(3)):
-            return base
-    raise RuntimeError("no free ports for the dry run")
 
 
 def _tar_names(path: Path) -> set[str]:
@@ -65,9 +39,9 @@ def calls(tmp_path_factory):
     root = tmp_path_factory.mktemp("rows")
     prefix = f"dry1g-{os.getpid()}"
     base = {
-        **os.environ, "DYNSPEC_BUNDLE": str(_bundle(root)), "DYNSPEC_SITE": str(root / "site"),
+        **os.environ, "DYNSPEC_BUNDLE": str(fake_bundle(root)), "DYNSPEC_SITE": str(root / "site"),
         "DYNSPEC_ROWS_PREFIX": prefix, "DYNSPEC_PAIR_DIR": str(root / "repo-pair" / "pair"),
-        "DYNSPEC_ROWS_NEED_GPUS": "0", "DYNSPEC_ROWS_PORT": str(_port_base()),
+        "DYNSPEC_ROWS_NEED_GPUS": "0", "DYNSPEC_ROWS_PORT": str(free_port_bases(1, 24000)[0]),
         "DYNSPEC_PAIR_BUILDER": "benchmarks.dynspec_bench.testing.fake_build", "FAKE_BUILD_STEP_S": "0.3",
         "DYNSPEC_ROWS1_C": "1,2", "DYNSPEC_ROWS3_C": "1,3", "DYNSPEC_ROWS3_LEN_RANGE": "3,12",
         "DYNSPEC_ROWS4_TRACE": "10,60,1,2", "DYNSPEC_ROWS4_LEN_RANGE": "2,5",

@@ -7,7 +7,6 @@ contents and the summary table."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tarfile
 from pathlib import Path
@@ -17,38 +16,9 @@ import pytest
 pytest.importorskip("aiohttp")
 REPO = Path(__file__).resolve().parents[2]
 
-from benchmarks.dynspec_bench.testing.fixtures import SHIM  # noqa: E402
+from benchmarks.dynspec_bench.testing.fixtures import fake_bundle, free_port_bases  # noqa: E402
 
 MODES = {"off", "on", "dynspec:goodput"}
-
-
-def _bundle(tmp_path: Path) -> Path:
-    """A .gpu-bundle whose site.tar.xz holds the fake `sglang` (launch_server starts the fake server)."""
-    bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    with tarfile.open(bundle / "site.tar.xz", "w:xz") as tar:
-        tar.add(SHIM / "sglang", arcname="sglang", filter=lambda ti: None if "__pycache__" in ti.name else ti)
-    return bundle
-
-
-def _port_bases() -> tuple[int, int]:
-    """Two bases with 3 free ports each, below the ephemeral range (32768+): the other pipeline's
-    client connections take ephemeral ports and could land on a server's port taken from there."""
-    def free(port: int) -> bool:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return True
-            except OSError:
-                return False
-
-    bases = []
-    for base in range(20000 + (os.getpid() % 500) * 20, 32000, 10):
-        if all(free(base + i) for i in range(3)):
-            bases.append(base)
-            if len(bases) == 2:
-                return bases[0], bases[1]
-    raise RuntimeError("no free ports for the dry run")
 
 
 def _scratch(name: str) -> list[Path]:
@@ -62,9 +32,9 @@ def dry_run(tmp_path):
     names = [f"{prefix}-g0-row1", f"{prefix}-g1-rows34"]
     out = tmp_path / "out"
     env = {
-        **os.environ, "OUT": str(out), "DYNSPEC_BUNDLE": str(_bundle(tmp_path)), "DYNSPEC_SITE": str(tmp_path / "site"),
+        **os.environ, "OUT": str(out), "DYNSPEC_BUNDLE": str(fake_bundle(tmp_path)), "DYNSPEC_SITE": str(tmp_path / "site"),
         "DYNSPEC_X2_PREFIX": prefix, "DYNSPEC_X2_PAIR_ROOT": str(tmp_path), "DYNSPEC_X2_NEED_GPUS": "0",
-        "DYNSPEC_X2_PORTS": "%d %d" % _port_bases(),
+        "DYNSPEC_X2_PORTS": "%d %d" % tuple(free_port_bases(2, 20000)),
         "DYNSPEC_PAIR_BUILDER": "benchmarks.dynspec_bench.testing.fake_build", "FAKE_BUILD_STEP_S": "0.2",
         "DYNSPEC_X2_ROW1_C": "1,2", "DYNSPEC_X2_ROW3_C": "1,3", "DYNSPEC_X2_LEN_RANGE": "3,12",
         "DYNSPEC_X2_TRACE": "10,60,1,2",

@@ -130,5 +130,5 @@ def test_trace_plan_own_temperature_and_lengths_are_checked():
     with pytest.raises(ValueError, match="temperature"):
         TracePlan(1, 2, 1, 1, min_phase_s=1, temperature=float("nan"))
     for bad in ((256, 32), (0, 5)):
-        with pytest.raises(ValueError, match="output_len_range needs 1 <= lo <= hi"):
+        with pytest.raises(ValueError, match="output_len_range: need 1 <= lo <= hi"):
             TracePlan.parse("2,50,10,3", output_len_range=bad)
