@@ -66,8 +66,11 @@ HANG_FACTOR = 25.0
 # about (strikes + this) calls, e.g. 0.8 s at 50 ms per call, instead of up to sync_interval
 # calls (9.5 s).  Step-count based, so every rank calls the collective at the same steps.
 FAILURE_CHECK_STEPS = 16
-# Requests admitted since the last decode step that mark a new load: at least this many, and at
-# least this share of the decode batch (a burst of arrivals, e.g. a client's whole batch).
+# A new load: since the last decode step the batch grew by at least this many admitted requests,
+# and by at least this share of the decode batch (a burst of arrivals, e.g. a client's whole batch).
+# Growth, not admissions: requests that finished together and were replaced together (a refill, as
+# after plain decode) are the same load, and counting them started a plain trial every request
+# lifetime on the H200 (row 2, C=5).
 NEW_LOAD_MIN_ROWS = 4
 NEW_LOAD_SHARE = 0.5
 
@@ -156,7 +159,8 @@ class Controller:
         rows = self._rows_admitted
         # A burst of new requests (rank-identical: the scheduler's batches are): the batching that
         # plain decode preserves starts afresh, so both modes' prefill stretches restart.
-        new_load = rows >= NEW_LOAD_MIN_ROWS and rows >= NEW_LOAD_SHARE * decode_bs
+        grew = min(rows, decode_bs - self._bs_prev)
+        new_load = grew >= NEW_LOAD_MIN_ROWS and grew >= NEW_LOAD_SHARE * decode_bs
         if new_load:
             self.prefill.new_stretch(None)
         charged_to: bool | None = None

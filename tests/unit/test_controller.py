@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from sglang_dynspec.controller import Controller
+from sglang_dynspec.controller import Controller, StepMode
 from sglang_dynspec.policies import build_policy
 
 
@@ -85,7 +85,7 @@ def test_prefill_time_is_charged_per_request_to_the_previous_mode_idle_time_is_n
     assert c.costs.count[1][1] == 6
 
 
-def test_off_steps_count_their_tokens_and_a_burst_restarts_the_plain_stretch():
+def test_off_steps_count_their_tokens_and_a_burst_that_grows_the_batch_restarts_the_plain_stretch():
     clock = Clock()
     c = Controller(build_policy("never", {}), clock=clock, sync_interval=1)
     for _ in range(10):
@@ -96,12 +96,17 @@ def test_off_steps_count_their_tokens_and_a_burst_restarts_the_plain_stretch():
     c.on_decode(8)
     assert c.prefill.stretch_req[0] == 2 and c.prefill.rate_tok == 80
     clock.t += 0.004
-    c.on_other(8)  # the whole batch anew: a burst, the plain stretch restarts with it
+    c.on_other(8)  # the whole batch replaced: a refill of the same load, the stretch goes on
     clock.t += 0.040
     c.on_decode(8)
-    assert c.prefill.stretch_req[0] == 8 and c.prefill.stretch_batches[0] == 1
+    assert c.prefill.stretch_req[0] == 10 and c.prefill.stretch_batches[0] == 2
     assert c.prefill.hist_req[0] == pytest.approx(2 * (1 - 1 / 32) + 8)
-    c.on_decode(8)
+    clock.t += 0.004
+    c.on_other(8)  # eight more at once: the batch doubles, a burst, the plain stretch restarts with it
+    clock.t += 0.040
+    c.on_decode(16)
+    assert c.prefill.stretch_req[0] == 8 and c.prefill.stretch_batches[0] == 1
+    c.on_decode(16)
     # batches of 2 (20 ms) and 8 (40 ms): 8 at once cost 5 ms each
     assert c.view.prefill_stretch(False) == pytest.approx(0.005)
 
@@ -297,7 +302,6 @@ def test_prefill_batch_time_is_interpolated_between_measured_sizes():
 
 
 def test_a_resume_step_is_an_on_decision_run_and_charged_as_an_off_step():
-    from sglang_dynspec.controller import StepMode
 
     clock = Clock()
     seen = []
@@ -324,3 +328,49 @@ def test_a_resume_step_is_an_on_decision_run_and_charged_as_an_off_step():
     assert never.step_mode(4, resume_pending=True) is StepMode.OFF  # nothing to resume into
     assert never.stats["steps_resume"] == 0
     assert c.on_decode(4) is True  # on_decode: the on/off view of step_mode
+
+
+def _serve(ctl, clock, policy, steps, reqs, arrivals=None):
+    """Closed loop of 128-token requests: speculative steps 6.7 ms (2.3 tokens per request), plain
+    3.55 ms; every prefill costs 22 ms per request, batched or not (plain decode gains nothing from
+    refilling together here).  ``arrivals``: {step: requests added on top}.  Returns the steps at
+    which a plain trial started."""
+    trials, why_prev, pending = [], None, 0
+    for i in range(steps):
+        extra = (arrivals or {}).get(i, 0)
+        new = pending + extra
+        if new:
+            ctl.on_other(new)
+            clock.t += 0.022 * new
+            reqs.extend([128.0] * extra)
+        mode = ctl.step_mode(len(reqs))
+        why = policy.explain()["why"]
+        if why == "trial" and why_prev != "trial":
+            trials.append(i)
+        why_prev = why
+        on = mode is StepMode.ON
+        clock.t += 0.0067 if on else 0.00355
+        if on:
+            ctl.on_result(len(reqs), round(1.3 * len(reqs)))
+        left = [r - (2.3 if on else 1.0) for r in reqs]
+        pending = sum(1 for r in left if r <= 0)
+        reqs[:] = [r if r > 0 else 128.0 for r in left]  # finished ones are replaced
+    return trials
+
+
+def test_a_refill_is_not_a_new_load_so_a_trial_does_not_start_the_next_one():
+    # A plain trial makes the batch finish together; its successors arrive as one burst a lifetime
+    # later.  That refill is the same load: counted as a new one it started the next trial, every
+    # lifetime (H200 row 2, C=5: half the level in the slower mode).
+    clock = Clock()
+    pol = build_policy("goodput", {})
+    ctl = Controller(pol, clock=clock)
+    reqs = [128.0 - 13 * k for k in range(10)]  # staggered, as under speculation
+    ctl.on_other(10)
+    assert _serve(ctl, clock, pol, 400, reqs) == []  # learning; no burst after the first admission
+    del reqs[2:]  # a load of 2 ...
+    trials = _serve(ctl, clock, pol, 1800, reqs, arrivals={300: 8})  # ... then 8 more arrive together
+    assert trials == [300]
+    assert ctl.stats["switches"] >= 2 and ctl.prev is True  # tried plain, went back to speculating
+    # a load of another size is a new question
+    assert _serve(ctl, clock, pol, 10, reqs, arrivals={3: 14}) == [3]

@@ -298,32 +298,3 @@ def test_goodput_dwell_ends_when_the_batch_doubles_or_halves():
     assert p.decide(inputs(bs=64, prev=True, dwell=3, acc=2.4, samples=100, costs=v)) is False
     assert p.explain()["why"] == "model"
 
-
-def test_goodput_a_trial_does_not_start_the_next_one():
-    # The trial ran every request of the batch in plain decode, so they finish together and their
-    # successors arrive as a burst one lifetime later.  On the H200 (row 2, C=5) that burst started
-    # the next trial, every lifetime, although each trial had ended in favour of speculation.
-    dec_on, dec_off = (lambda b: 6.2 + 0.05 * b), (lambda b: 3.5 + 0.005 * b)
-    same = prefill_view(dec_on, dec_off, (1, 22.0), (1, 22.0))
-    seen = prefill_view(dec_on, dec_off, (1, 22.0), (1, 22.0), stretch_off=(4, 88.0))  # plain: no better
-    p = build_policy("goodput", {"min_dwell": 0, "trial_lifetimes": 1.0})
-    x = dict(acc=2.3, samples=100)
-    assert p.decide(inputs(bs=10, **x, costs=same, prev=True, dwell=50, new_load=True)) is False  # trial
-    steps = 1
-    while p.decide(inputs(bs=10, **x, costs=seen, prev=False, dwell=steps)) is False:
-        steps += 1
-    assert 100 < steps < 200 and p.explain()["why"] == "model"  # about one lifetime (128 tokens)
-    # one lifetime later its successors arrive together: no new trial at this batch size ...
-    for i in range(200):
-        assert p.decide(inputs(bs=10, **x, costs=same, prev=True, dwell=20 + i, new_load=i == 150)) is True
-    # ... but a load of another size is a new question
-    assert p.decide(inputs(bs=24, **x, costs=same, prev=True, dwell=300, new_load=True)) is False
-    assert p.explain()["why"] == "trial"
-    # and after `trial_cooldown` lifetimes the same batch size may be tried again
-    q = build_policy("goodput", {"min_dwell": 0, "trial_lifetimes": 1.0, "trial_cooldown": 1.0})
-    assert q.decide(inputs(bs=10, **x, costs=same, prev=True, dwell=50, new_load=True)) is False
-    while q.decide(inputs(bs=10, **x, costs=seen, prev=False, dwell=5)) is False:
-        pass
-    for i in range(130):
-        q.decide(inputs(bs=10, **x, costs=same, prev=True, dwell=20 + i))
-    assert q.decide(inputs(bs=10, **x, costs=same, prev=True, dwell=200, new_load=True)) is False

@@ -27,7 +27,7 @@ class StepInputs:
     previous: bool | None  # the decision of the previous decode step (None on the first)
     steps_in_mode: int  # consecutive decode steps in the previous decision's mode
     costs: Any = None  # sglang_dynspec.costs.CostView or None
-    new_load: bool = False  # a burst of new requests was admitted since the previous decode step
+    new_load: bool = False  # the batch grew by a burst of new requests since the previous decode step (not a refill)
 
 
 @runtime_checkable

@@ -42,9 +42,6 @@ class GoodputArgs(PolicyArgs):
     trial_lifetimes: float = Field(1.25, gt=0.0, le=10.0,
                                    description="length of a plain trial after a burst, in request lifetimes")
     trial_max_steps: int = Field(4096, ge=1, description="upper bound of a plain trial, in decode steps")
-    trial_cooldown: float = Field(4.0, ge=0.0, le=100.0,
-                                  description="request lifetimes after a trial before a burst at the same "
-                                              "batch size may start another")
     persist: int = Field(8, ge=1, description="model decisions in a row the other mode must win before a switch")
     reprobe_near: int = Field(256, ge=1, description="plain steps after which speculation is probed again "
                                                        "when the estimates are within 2 margins")
@@ -61,15 +58,12 @@ class Goodput:
         self.reprobe = a.reprobe_every
         self.trial_lifetimes = a.trial_lifetimes
         self.trial_max = a.trial_max_steps
-        self.trial_cooldown = a.trial_cooldown
         self.reprobe_near = a.reprobe_near
         self.persist = a.persist
         # Policy state depends only on rank-identical inputs, so every TP rank holds the same.
         self.trial_left = 0
         self.trial_steps = 0
         self.after_trial = False
-        self.trial_bs = 0  # decode batch size when the last trial started
-        self.cooldown = 0  # decode steps before a burst at that batch size may start a trial again
         self._entry_bs = 0  # decode batch size when the current mode was entered
         self._against = 0  # model decisions in a row that favoured the other mode
         self._why = "start"
@@ -110,23 +104,14 @@ class Goodput:
             return self._say(False, "learn off", None)
         c_on, c_off, c_free = c
         rho = v.requests_per_token()
-        unmeasured = v.samples(False, x.decode_bs) < MIN_SAMPLES
-        if self.cooldown > 0:
-            self.cooldown -= 1
-        # A trial synchronises the requests it ran: they finish together one lifetime later and
-        # their successors arrive as a burst, which must not start the next trial (on the H200 a
-        # C=5 level ran a trial every lifetime that way, half its time in the slower mode).  After a
-        # trial, only a load of another size (2x) starts one before `trial_cooldown` lifetimes.
-        recent = self.cooldown > 0 and not self._moved_from(self.trial_bs, x.decode_bs)
-        if x.new_load and prev is not False and rho > 0 and (c_free < c_on or unmeasured) and not recent:
+        if x.new_load and prev is not False and rho > 0 and (
+                c_free < c_on or v.samples(False, x.decode_bs) < MIN_SAMPLES):
             # Plain decode could win if it batches the successors of this burst: only a stretch
             # of it from now on shows whether it does.  Also when plain decode was never timed at
             # this batch size: an estimate extrapolated from small batches (4.7 ms for a 3.6 ms
             # step at bs 10 in the H200 traces) must not rule it out.
             self.trial_left = min(self.trial_max, int(self.trial_lifetimes / rho) + 1)
             self.trial_steps = 0
-            self.trial_bs = x.decode_bs
-            self.cooldown = 0
         if self.trial_left > 0:
             self.trial_left -= 1
             self.trial_steps += 1
@@ -135,7 +120,6 @@ class Goodput:
                 self.trial_left = 1  # its successors have not been prefilled yet (or not agreed)
             if self.trial_left == 0:
                 self.after_trial = True
-                self.cooldown = int(self.trial_cooldown / rho) + 1
             return self._say(False, "trial", c)
         if prev is not None and x.steps_in_mode < self.min_dwell and not self._batch_moved(x.decode_bs):
             return self._say(prev, "dwell", c)
@@ -167,8 +151,9 @@ class Goodput:
         return self._say(False, "model", c)
 
     def _contest(self, prev: bool, other_wins: bool, c) -> bool:
-        """Switch only once the other mode has won ``persist`` model decisions in a row: at C=5 the batch alternates 4/5 as requests are replaced, and the modes'
-        ranking with it; deciding on each step's batch flapped between them every dwell."""
+        """Switch only once the other mode has won ``persist`` model decisions in a row: at C=5
+        the batch alternates 4/5 as requests are replaced, and the modes' ranking with it;
+        deciding on each step's batch flapped between them every dwell."""
         if not other_wins:
             self._against = 0
             return self._say(prev, "model", c)
@@ -181,11 +166,8 @@ class Goodput:
     def _batch_moved(self, bs: int) -> bool:
         # The dwell holds a decision made for one batch size; a load that doubled or halved since
         # (a ramp at a new load) is a new question.
-        return self._moved_from(self._entry_bs, bs)
-
-    @staticmethod
-    def _moved_from(ref: int, bs: int) -> bool:
-        return ref > 0 and (bs >= BATCH_MOVED * ref or bs * BATCH_MOVED <= ref)
+        e = self._entry_bs
+        return e > 0 and (bs >= BATCH_MOVED * e or bs * BATCH_MOVED <= e)
 
     def _say(self, decision: bool, why: str, c) -> bool:
         self._why = why
