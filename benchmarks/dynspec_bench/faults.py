@@ -352,7 +352,6 @@ def summarize_level(run: dict, before: dict | None, after: dict | None) -> dict:
         "steps_forced_off": _delta(before, after, "steps_forced_off"),
         "steps_off": _delta(before, after, "steps_off"),
         "optout_not_honoured": _delta(before, after, "optout_not_honoured"),
-        "off_not_applied": _delta(before, after, "off_not_applied"),
         "requests": sum(1 for o in outs if o.probe_error is None),
         "aborted": aborted,
         "abort_landed": landed,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# off_not_applied: off decisions the plugin could not act on (no fallback for this worker yet).
-COUNTERS = ("decode_steps", "steps_on", "steps_off", "switches", "policy_errors", "off_not_applied")
+COUNTERS = ("decode_steps", "steps_on", "steps_off", "switches", "policy_errors")
 
 
 def read_stats(stats_dir: str | Path | None) -> dict | None:

@@ -457,8 +457,7 @@ class Sweep:
         results, wall = asyncio.run(closed_loop(srv.base_url, prompts, c, self._request_params(n, salt),
                                                 desc=f"{m.name} C={c}"))
         level = summarize(results, wall)
-        self._add_stats(level, sdir, before, ("switches", "decode_steps", "steps_off", "steps_on", "policy_errors",
-                                              "off_not_applied"))
+        self._add_stats(level, sdir, before, ("switches", "decode_steps", "steps_off", "steps_on", "policy_errors"))
         if level["failed"]:
             level["errors"] = first_errors(results)
         return level

@@ -164,13 +164,12 @@ class Controller:
         if new_load:
             self.prefill.new_stretch(None)
         charged_to: bool | None = None
-        prefill_s = now - self._t_other if self._t_other is not None else 0.0
+        cut = self._t_other if self._t_other is not None else now
+        extend = now - cut  # the prefill batches since the previous decode step, 0.0 if none
         if self._t_prev is not None:
             # The decode part (up to the first extend, if any) must look like a step: a gap
             # before new requests arrived or a stall is not a cost.  Prefill time after it is.
-            cut = self._t_other if self._t_other is not None else now
             dt = cut - self._t_prev
-            extend = now - cut
             est = self.costs.estimate_local(self._mode_prev, self._bs_prev)
             if dt < 1.0 and (est is None or dt < 5.0 * est) and extend < 1.0:
                 self.costs.observe(self._mode_prev, self._bs_prev, dt)
@@ -211,7 +210,7 @@ class Controller:
         hook = self.hook
         if hook is not None:
             rec = StepRecord(self.step - 1, decode_bs, running, waiting, decision, switched,
-                             self.failed is not None, self.accept_length, self.estimates(), rows, prefill_s)
+                             self.failed is not None, self.accept_length, self.estimates(), rows, extend)
             hook.dynspec_decision(record=rec)
             if switched:
                 hook.dynspec_switch(record=rec)
@@ -322,13 +321,16 @@ class Controller:
         failed_somewhere = vec.pop() > 0
         self.view = CostView(vec, version=version, ranks=self.tp_size)
         if failed_somewhere:
-            self._fail(self._pending_failure or "a policy deadline was missed on another rank")
+            self._fail_agreed()
 
     def _check_failure(self) -> None:
         """Apply a failure pending on any rank, at the same step on all of them."""
         self.stats["failure_checks"] += 1
         if self.agree([1.0 if self._pending_failure else 0.0])[0] > 0:
-            self._fail(self._pending_failure or "a policy deadline was missed on another rank")
+            self._fail_agreed()
+
+    def _fail_agreed(self) -> None:
+        self._fail(self._pending_failure or "a policy deadline was missed on another rank")
 
     def snapshot(self) -> dict:
         s = dict(self.stats)

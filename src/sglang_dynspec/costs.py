@@ -24,6 +24,7 @@ built from values agreed across tensor-parallel ranks, so that every rank decide
 from __future__ import annotations
 
 import math
+from statistics import fmean, linear_regression, median
 from typing import Sequence
 
 EXACT_UP_TO = 16  # batch sizes up to this get a bucket each
@@ -71,7 +72,7 @@ class CostTable:
         if c <= FIRST_SAMPLES:
             first = self._first[m][b]
             first.append(seconds)
-            self.time[m][b] = _median(first)
+            self.time[m][b] = median(first)
             if c == FIRST_SAMPLES:
                 self._first[m][b] = []
         else:
@@ -149,7 +150,7 @@ class PrefillMeter:
             recent.append(seconds)
             if len(recent) > BATCH_SAMPLES:
                 del recent[0]
-            self.time[b] = _median(recent)
+            self.time[b] = median(recent)
             self.mean_n[b] += max(1.0 / c, self.alpha) * (requests - self.mean_n[b])
             self.count[b] = c
         if on is None:
@@ -334,23 +335,11 @@ class CostView:
         return self._per_request(req / batches)
 
 
-def _median(xs: list[float]) -> float:
-    o = sorted(xs)
-    k = len(o)
-    return o[k // 2] if k % 2 else 0.5 * (o[k // 2 - 1] + o[k // 2])
-
-
 def _line(pts: list[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares a + c*x, slope kept >= 0 (more rows never cost less)."""
-    n = len(pts)
-    sx = sum(p[0] for p in pts)
-    sy = sum(p[1] for p in pts)
-    sxx = sum(p[0] * p[0] for p in pts)
-    sxy = sum(p[0] * p[1] for p in pts)
-    den = n * sxx - sx * sx
-    if den <= 0:
-        return sy / n, 0.0
-    c = (n * sxy - sx * sy) / den
-    if c < 0:
-        return sy / n, 0.0
-    return (sy - c * sx) / n, c
+    xs = [p[0] for p in pts]
+    ys = [p[1] for p in pts]
+    if len(set(xs)) < 2:
+        return fmean(ys), 0.0
+    c, a = linear_regression(xs, ys)
+    return (a, c) if c >= 0 else (fmean(ys), 0.0)

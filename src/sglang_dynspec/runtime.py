@@ -43,7 +43,6 @@ class WorkerState:
         self.prometheus = None
         self.draft_tokens_per_step: int | None = None
         self.accepted_field: str | None = None
-        self.off_not_applied = 0  # off decisions not acted on (none since every adapter has forward_off)
         self.optout_rids: set = set()  # requests that asked for no speculation, still possibly running
         self.optout_absent: set = set()  # opt-outs not seen in any queue at the last check
         self.optout_not_honoured = 0  # opted-out batches the adapter could not run without speculation
@@ -56,7 +55,6 @@ class WorkerState:
     def snapshot(self) -> dict:
         s = self.controller.snapshot()
         s["worker_path"] = self.path
-        s["off_not_applied"] = self.off_not_applied
         s["optout_not_honoured"] = self.optout_not_honoured
         c = self.controller.stats
         # lifetime mean over speculative steps only (off-steps excluded), for resume checks

@@ -37,20 +37,23 @@ BAD_POLICY_SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("env, needle", BAD_POLICY_SETTINGS)
-def test_config_refuses_what_server_start_refuses(env, needle, capsys, monkeypatch):
+@pytest.fixture(params=BAD_POLICY_SETTINGS, ids=["unknown", "bad-args", "no-module"])
+def bad_settings(request, monkeypatch):
+    """Enabled, with one invalid policy setting in the environment; yields what the error must say."""
+    env, needle = request.param
     monkeypatch.setenv("SGLANG_DYNSPEC_ENABLED", "1")
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    return needle
+
+
+def test_config_refuses_what_server_start_refuses(bad_settings, capsys):
     assert main(["config"]) == 2
-    assert needle in capsys.readouterr().err
+    assert bad_settings in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("env, needle", BAD_POLICY_SETTINGS)
-def test_doctor_reports_invalid_settings_and_finishes(env, needle, capsys, monkeypatch):
-    monkeypatch.setenv("SGLANG_DYNSPEC_ENABLED", "1")
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
+def test_doctor_reports_invalid_settings_and_finishes(bad_settings, capsys):
+    needle = bad_settings
     assert main(["doctor"]) == 1
     out = capsys.readouterr().out
     assert "config: INVALID" in out and needle in out

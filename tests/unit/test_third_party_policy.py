@@ -10,23 +10,16 @@ import sys
 import pytest
 
 
-def _installed():
+def _installed(dist: str) -> bool:
     try:
-        importlib.metadata.distribution("dynspec-policy-example")
+        importlib.metadata.distribution(dist)
         return True
     except importlib.metadata.PackageNotFoundError:
         return False
 
 
-pytestmark = pytest.mark.skipif(not _installed(), reason="examples/dynspec-policy-example not installed (tox installs it)")
-
-
-def _observer_installed():
-    try:
-        importlib.metadata.distribution("dynspec-observer-example")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
+pytestmark = pytest.mark.skipif(not _installed("dynspec-policy-example"),
+                                reason="examples/dynspec-policy-example not installed (tox installs it)")
 
 
 def test_discovered_by_entry_point_and_built_like_builtins():
@@ -61,7 +54,7 @@ def test_its_observer_sees_switches():
     assert len(ext.SWITCHES) - before == 2
 
 
-@pytest.mark.skipif(not _observer_installed(), reason="examples/dynspec-observer-example not installed (tox installs it)")
+@pytest.mark.skipif(not _installed("dynspec-observer-example"), reason="examples/dynspec-observer-example not installed (tox installs it)")
 def test_observer_only_plugin_is_called_beside_a_module_policy(tmp_path, monkeypatch):
     """Activation's own steps (validate, configure) and runtime's controller, without SGLang:
     the observer-only plugin and the policy package's observer run although the policy is

@@ -416,10 +416,7 @@ def _sync_draft_full(worker, st: SpecV2State, batch, result, window, predict, ac
         dw._draft_extend_for_decode(batch, result)
 
 
-def resume_pending(worker) -> bool:
-    """Whether the last off-step used the light sync, so the next step must be a resume step."""
-    st = state.peek(worker)
-    return bool(st and st.light_pending)
+resume_pending = state.resume_pending  # the Adapter protocol's, shared by both paths
 
 
 def offstep_graphs_unsupported() -> str | None:

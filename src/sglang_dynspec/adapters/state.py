@@ -39,3 +39,10 @@ def of(worker: Any, kind: type[S] = AdapterState) -> S:
 def peek(worker: Any) -> AdapterState | None:
     """The worker's adapter state if it has one (never creates it)."""
     return vars(worker).get(_ATTR)
+
+
+def resume_pending(worker: Any) -> bool:
+    """Whether the worker's last off-step used the light sync, so the next step must be a resume
+    step (both adapters' ``resume_pending``)."""
+    st = peek(worker)
+    return bool(st and st.light_pending)

@@ -321,10 +321,7 @@ def prepare(worker, settings) -> None:
                                 settings.offstep_draft_sync)
 
 
-def resume_pending(worker) -> bool:
-    """Whether the last off-step used the light sync, so the next step must be a resume step."""
-    st = state.peek(worker)
-    return bool(st and st.light_pending)
+resume_pending = state.resume_pending  # the Adapter protocol's, shared by both paths
 
 
 def _needs_hidden(worker) -> bool:
