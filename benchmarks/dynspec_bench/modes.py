@@ -27,7 +27,10 @@ VARIANTS = set(SPEC_SHAPES) | {"nooverlap", "v1"}
 _POLICY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 # Flags measured to work on the H200 bundle (see shared/gpu/README.md); piecewise CUDA graphs
-# are dropped because they cost ~16 s of start-up and only help prefill.
+# are dropped because they cost ~16 s of start-up and only help prefill.  --sleep-on-idle: a run
+# keeps 3-4 servers up on one machine and measures one at a time; without it each idle scheduler
+# pins a CPU thread at 100 % (SGLang's IdleSleeper docstring), beside the measured server whose
+# eager prefills on the pair are CPU-bound (~25-50 ms for one request).
 DEFAULT_COMMON_FLAGS = [
     "--load-format", "dummy",
     "--skip-tokenizer-init",
@@ -36,7 +39,7 @@ DEFAULT_COMMON_FLAGS = [
     "--cuda-graph-bs", "1", "2", "4", "8", "16", "32", "64", "128",
     "--max-running-requests", "128",
 ]
-OPTIONAL_FLAGS = ["--disable-piecewise-cuda-graph"]
+OPTIONAL_FLAGS = ["--disable-piecewise-cuda-graph", "--sleep-on-idle"]
 
 
 @dataclass

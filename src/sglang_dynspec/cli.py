@@ -272,6 +272,8 @@ def _replay(args) -> int:
             if args.policy is None or len(args.policy) != 1:
                 raise ConfigError("--policy-args: applies to exactly one --policy "
                                   f"(got {len(args.policy or [])}); replay the others separately")
+        if args.server_trace:
+            return _replay_server_trace(args, policy_args)
         if args.check:
             return _replay_check(args)
         if args.profile:
@@ -321,6 +323,45 @@ def _replay_traces(args, policy_args) -> int:
 
         draw(rows, names, args.png, title=f"{ts.name}: replay vs measurement")
         print(f"wrote {args.png}")
+    return 0
+
+
+def _replay_server_trace(args, policy_args) -> int:
+    from statistics import median
+
+    from .config import DynspecSettings
+    from .tracereplay import load_server_trace, redrive
+
+    if args.policy is not None and len(args.policy) != 1:
+        from .errors import ConfigError
+
+        raise ConfigError(f"--server-trace: re-drives one --policy at a time (got {len(args.policy)})")
+    policy = args.policy[0] if args.policy else DynspecSettings.model_fields["policy"].default
+    res = redrive(load_server_trace(args.server_trace), policy, policy_args)
+    print(f"server trace {args.server_trace}: {len(res.steps)} decode steps re-driven with policy {policy!r}; "
+          f"acceptance {'as the controller received it' if res.exact_acceptance else 'inferred (older trace)'}")
+    print(f"decisions equal to the recorded ones: {res.agreement:.2%}")
+    print(f"\n{'run':>4} {'steps':>6} {'bs p50':>7} {'on: recorded':>13} {'re-driven':>10} "
+          f"{'switches: recorded':>19} {'re-driven':>10}  re-driven why")
+    runs = []
+    for n, run in enumerate(res.runs(), 1):
+        sw = lambda key: sum(getattr(a, key) != getattr(b, key) for a, b in zip(run, run[1:]))  # noqa: E731
+        why: dict[str, int] = {}
+        for s in run:
+            why[s.why] = why.get(s.why, 0) + 1
+        row = {"steps": len(run), "bs_p50": median(s.bs for s in run),
+               "on_recorded": sum(s.recorded for s in run), "on_redriven": sum(s.decided for s in run),
+               "switches_recorded": sw("recorded"), "switches_redriven": sw("decided"), "why": why}
+        runs.append(row)
+        print(f"{n:>4} {row['steps']:>6} {row['bs_p50']:>7g} {row['on_recorded']:>13} {row['on_redriven']:>10} "
+              f"{row['switches_recorded']:>19} {row['switches_redriven']:>10}  "
+              + ", ".join(f"{k} {v}" for k, v in sorted(why.items(), key=lambda kv: -kv[1])))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"server_trace": args.server_trace, "policy": policy, "policy_args": policy_args,
+                       "agreement": round(res.agreement, 4), "exact_acceptance": res.exact_acceptance,
+                       "runs": runs}, f, indent=1)
+        print(f"wrote {args.json}")
     return 0
 
 
@@ -403,7 +444,8 @@ def main(argv=None) -> int:
         "replay", help="project policies on step costs measured on a GPU (CPU only)",
         description="By default: replay decision traces recorded on an H200 (each static mode from its own trace, "
                     "each policy on both), the policy design loop. --profile: the older closed-loop model on "
-                    "step-time profiles (no prefills). --check: project a measured sweep from its own costs.")
+                    "step-time profiles (no prefills). --check: project a measured sweep from its own costs. --server-trace: what a policy decides at "
+                    "the inputs one server recorded.")
     r.add_argument("--traces", default="h200-pair-0512",
                    help="trace set: built-in name (h200-pair-0512) or a file from "
                         "`python -m benchmarks.dynspec_bench.traceset` (default: %(default)s)")
@@ -424,6 +466,9 @@ def main(argv=None) -> int:
     r.add_argument("--output-len", type=int, default=128, help="--profile / --check: tokens per request")
     r.add_argument("--offstep-factor", type=float,
                    help="--profile what-if: off-step time = this x plain decode (instead of the measured off-step)")
+    r.add_argument("--server-trace", metavar="JSONL",
+                   help="instead: re-drive one server's decision trace (SGLANG_DYNSPEC_TRACE_FILE) step by step "
+                        "through a --policy, and compare its decisions with the recorded ones")
     r.add_argument("--check", metavar="SWEEP_JSON",
                    help="instead: project a measured harness sweep from its own costs and report the error")
     r.set_defaults(fn=_replay)

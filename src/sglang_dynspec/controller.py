@@ -57,6 +57,11 @@ class StepRecord:
     estimates: dict | None = None
     admitted: int = 0  # requests prefilled since the previous decode step
     prefill_s: float = 0.0  # wall time from the first of those prefill batches to this step
+    t: float = 0.0  # the controller's clock when the step was decided
+    # speculative results the controller received since the previous decode step (on_result):
+    # rows and accepted drafts, so that a trace replays the acceptance the policy saw
+    result_rows: int = 0
+    result_accepted: int = 0
 
 
 # A single decide() this many times over its deadline is a hang, not a hiccup.
@@ -125,6 +130,7 @@ class Controller:
         self._mode_prev = True
         self._bs_prev = 0
         self._rows_admitted = 0  # requests prefilled since the previous decode step (rank-identical)
+        self._results = [0, 0]  # rows and accepted drafts of the results since the previous decode step
         self._explain = getattr(policy, "explain", None)
 
         self.stats = {
@@ -180,6 +186,7 @@ class Controller:
             self.prefill.observe(None, 0.0, rows)
         self._t_other = None
         self._rows_admitted = 0
+        results, self._results = self._results, [0, 0]
         if self.step > 0:
             if self.step % self.sync_interval == 0:
                 self._refresh_view()
@@ -210,7 +217,8 @@ class Controller:
         hook = self.hook
         if hook is not None:
             rec = StepRecord(self.step - 1, decode_bs, running, waiting, decision, switched,
-                             self.failed is not None, self.accept_length, self.estimates(), rows, extend)
+                             self.failed is not None, self.accept_length, self.estimates(), rows, extend,
+                             now, *results)
             hook.dynspec_decision(record=rec)
             if switched:
                 hook.dynspec_switch(record=rec)
@@ -249,6 +257,8 @@ class Controller:
             return
         self.stats["accepted_drafts"] += accepted_drafts
         self.stats["spec_rows"] += decode_bs
+        self._results[0] += decode_bs
+        self._results[1] += accepted_drafts
         self.prefill.add_tokens(decode_bs + accepted_drafts)
         sample = 1.0 + accepted_drafts / decode_bs
         n = self.accept_samples + 1

@@ -124,7 +124,6 @@ class TraceObserver:
     def dynspec_decision(self, record):
         if self._full:
             return
-        now = time.perf_counter()
         est = record.estimates
         extra = ""
         if est:
@@ -133,8 +132,9 @@ class TraceObserver:
         line = (
             f'{{"step":{record.step},"bs":{record.decode_bs},"running":{record.running},'
             f'"waiting":{record.waiting},"on":{"true" if record.speculate else "false"},'
-            f'"acc":{record.accept_length:.4f},"t":{now:.6f},"new":{record.admitted},'
-            f'"prefill_ms":{record.prefill_s * 1e3:.3f}{extra}}}\n'
+            f'"acc":{record.accept_length:.4f},"t":{record.t:.6f},"new":{record.admitted},'
+            f'"prefill_ms":{record.prefill_s * 1e3:.3f},"res_rows":{record.result_rows},'
+            f'"res_acc":{record.result_accepted}{extra}}}\n'
         )
         self._written += len(line)
         if self._written > self.max_bytes:
@@ -148,6 +148,7 @@ class TraceObserver:
             self._f = open(self.path, "w", buffering=1 << 16)
             atexit.register(self.close)
         self._f.write(line)
+        now = time.monotonic()
         if now - self._flushed_at > 1.0:
             # A server is usually killed, not shut down: unflushed lines would be lost
             # (the first traced pair run lost its last level that way).

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from .controller import Controller
+from .controller import Controller, StepMode
 from .errors import ConfigError
 from .policies import build_policy
 from .replay import SimClock, read_builtin_or_path
@@ -248,3 +248,107 @@ def draw(rows: dict[int, dict], policies: list[str], path: str, title: str = "")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# --- one server's own trace, decision by decision ----------------------------------------------
+
+GAP_S = 3.0  # a pause this long between decode steps separates two runs (load levels) of one server
+
+
+@dataclass
+class RedriveStep:
+    """One recorded decode step and what the re-driven policy decided there."""
+
+    t: float
+    bs: int
+    recorded: bool
+    decided: bool
+    why: str
+    estimates: dict  # the policy's own figures (Policy.explain) at this step
+
+
+@dataclass
+class RedriveResult:
+    steps: list[RedriveStep]
+    exact_acceptance: bool  # the trace carried the results the controller saw (res_rows / res_acc)
+
+    @property
+    def agreement(self) -> float:
+        return sum(s.recorded == s.decided for s in self.steps) / len(self.steps) if self.steps else 0.0
+
+    def runs(self, gap_s: float = GAP_S) -> list[list[RedriveStep]]:
+        """The steps split where the server paused for ``gap_s`` or longer (the harness's levels)."""
+        out: list[list[RedriveStep]] = []
+        for s in self.steps:
+            if not out or s.t - out[-1][-1].t >= gap_s:
+                out.append([])
+            out[-1].append(s)
+        return out
+
+
+def load_server_trace(path: str) -> list[dict]:
+    """The JSONL decision trace one dynspec server wrote (SGLANG_DYNSPEC_TRACE_FILE)."""
+    rows = []
+    try:
+        with open(path) as fh:
+            for n, line in enumerate(fh, 1):
+                if line.strip():
+                    rows.append(json.loads(line))
+    except OSError as e:
+        raise ConfigError(f"--server-trace ({path}): {e.strerror or e}") from None
+    except ValueError as e:
+        raise ConfigError(f"--server-trace ({path}): line {n} is not JSON: {e}") from None
+    need = ("bs", "running", "waiting", "on", "acc", "t")
+    for n, r in enumerate(rows, 1):
+        missing = [k for k in need if k not in r]
+        if missing:
+            raise ConfigError(f"--server-trace ({path}): line {n} lacks {', '.join(missing)}; "
+                              "not a dynspec decision trace")
+    if not rows:
+        raise ConfigError(f"--server-trace ({path}): no steps")
+    return rows
+
+
+def redrive(rows: list[dict], policy: str, policy_args: dict | None = None) -> RedriveResult:
+    """Feed a server's recorded inputs (batch sizes, clock, prefills, speculative results) to a fresh
+    controller with ``policy``, step by step, and record what it decides.
+
+    With the policy that server ran, the decisions should match the recorded ones: the check that
+    the trace holds everything the policy saw.  With another policy or other arguments, it shows
+    what that one would have decided *at the same inputs* — not what would have followed, since a
+    different decision changes the batches and timings after it.  Traces written before the
+    results were recorded (no ``res_rows``) get the acceptance back from the next step's estimate.
+    """
+    clock = SimClock()
+    ctl = Controller(build_policy(policy, policy_args or {}), clock=clock, deadline_s=float("inf"))
+    exact = "res_rows" in rows[0]
+    out = []
+    for i, r in enumerate(rows):
+        # (no on_idle at pauses: the server has none; its controller drops long intervals itself)
+        if exact and r.get("res_rows"):
+            ctl.on_result(int(r["res_rows"]), int(r["res_acc"]))
+        if r.get("new"):
+            clock.t = r["t"] - (r.get("prefill_ms") or 0.0) / 1e3
+            ctl.on_other(int(r["new"]))
+        clock.t = r["t"]
+        mode = ctl.step_mode(int(r["bs"]), int(r["running"]), int(r["waiting"]))
+        decided = mode is not StepMode.OFF
+        if not exact and mode is StepMode.ON and i + 1 < len(rows):
+            accepted = _accepted_from_estimates(ctl, r, rows[i + 1])
+            if accepted is not None:
+                ctl.on_result(int(r["bs"]), accepted)
+        est = ctl.estimates() or {}
+        out.append(RedriveStep(r["t"], int(r["bs"]), bool(r["on"]), decided, str(est.get("why", "-")), est))
+    return RedriveResult(out, exact)
+
+
+def _accepted_from_estimates(ctl: Controller, row: dict, nxt: dict) -> int | None:
+    """Accepted drafts of a speculative step, from how the acceptance estimate moved by the next
+    step (the controller's own update, inverted)."""
+    a0, a1, bs = float(row["acc"]), float(nxt["acc"]), int(row["bs"])
+    n = ctl.accept_samples + 1
+    w = max(1.0 / n, min(1.0, bs / ctl.accept_memory_rows))
+    sample = a0 + (a1 - a0) / w
+    if sample < 1.0:
+        return None
+    return max(0, round((sample - 1.0) * bs))

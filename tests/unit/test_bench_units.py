@@ -43,7 +43,8 @@ def test_server_spec_flags_and_env():
     assert dyn.env["SGLANG_DYNSPEC_ENABLED"] == "1" and dyn.env["SGLANG_DYNSPEC_POLICY"] == "threshold"
     assert json.loads(dyn.env["SGLANG_DYNSPEC_POLICY_ARGS"]) == {"seed": 7}
     assert dyn.env["SGLANG_DYNSPEC_STATS_DIR"].startswith("/s/")
-    assert dyn.optional_flags == ["--disable-piecewise-cuda-graph"] and a[-1] == "--disable-piecewise-cuda-graph"
+    assert dyn.optional_flags == ["--disable-piecewise-cuda-graph", "--sleep-on-idle"]
+    assert a[-2:] == ["--disable-piecewise-cuda-graph", "--sleep-on-idle"]
     with pytest.raises(ValueError, match="draft"):
         build_server_spec(parse_mode("on"), ServerConfig(model="/m"), 1)
     with pytest.raises(ValueError, match="model"):

@@ -198,7 +198,7 @@ def test_dotted_policy_spec():
     assert p.name == f"{__name__}:Custom"
 
 
-def test_goodput_needs_the_other_mode_to_win_several_decisions_in_a_row():
+def test_goodput_switches_on_the_other_modes_average_lead_not_on_single_decisions():
     # At C=5 requests are replaced one at a time: the batch alternates 5/4 and with it the ranking
     # (speculation ~6 % ahead at 5, plain ~6 % ahead at 4 here).  Deciding on each step's batch
     # flapped between the modes every dwell.
@@ -222,9 +222,15 @@ def test_goodput_needs_the_other_mode_to_win_several_decisions_in_a_row():
     p = build_policy("goodput", {"min_dwell": 0})
     n, prev = switches(p, [5, 4] * 100 + [5])
     assert n == 0 and prev is True
-    # a lasting change still switches, at the persist-th decision in a row
+    # Runs of 8 in a row each way (a rule of "8 wins in a row" switched at every run) average out too.
+    assert switches(build_policy("goodput", {"min_dwell": 0}), ([5] * 8 + [4] * 8) * 20)[0] == 0
+    # A lasting change still switches: within a few persist-lengths, never before persist decisions.
     assert switches(p, [4] * 7, prev=True) == (0, True)
-    assert switches(p, [4], prev=True) == (1, False)
+    n, prev = switches(p, [4] * 24, prev=True)
+    assert n == 1 and prev is False
+    fresh = build_policy("goodput", {"min_dwell": 0})
+    steps = [switches(fresh, [4], prev=True)[0] for _ in range(8)]
+    assert steps == [0] * 7 + [1]  # from a fresh average: at the 8th decision
 
 
 def test_goodput_end_of_a_trial_is_judged_without_the_incumbents_margin():

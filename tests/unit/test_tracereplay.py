@@ -97,3 +97,87 @@ def test_a_compiling_first_step_does_not_lock_speculation_out(pair, level, step,
     ts.levels[level]["on"].steps[step].seconds = seconds
     by_c = {r.concurrency: r for r in replay_policy(ts, DEFAULT_POLICY)}
     assert by_c[1].share_on > 0.5 and by_c[2].share_on > 0.5
+
+
+def _traced_run(tmp_path, policy="goodput"):
+    """A server's decode loop on a simulated clock, traced by the real observer: loads of 2, 30 and
+    2 requests with mode-dependent step times, random acceptance and output lengths, prefills when
+    requests finish (so both modes, trials and switches occur)."""
+    import random
+
+    import pluggy
+
+    from sglang_dynspec import hookspecs
+    from sglang_dynspec.controller import Controller, StepMode
+    from sglang_dynspec.metrics import TraceObserver
+    from sglang_dynspec.policies import build_policy
+    from sglang_dynspec.replay import SimClock
+
+    pm = pluggy.PluginManager("sglang_dynspec")
+    pm.add_hookspecs(hookspecs)
+    obs = TraceObserver(tmp_path / "trace.jsonl", max_bytes=10**8)
+    pm.register(obs)
+    clock, rng = SimClock(), random.Random(7)
+    clock.t = 1000.0
+    ctl = Controller(build_policy(policy, {}), clock=clock, hook=pm.hook, deadline_s=float("inf"))
+    for load in (2, 30, 2):
+        left = [rng.randint(20, 200) for _ in range(load)]
+        ctl.on_other(load)
+        clock.t += 0.020 + 0.004 * load
+        for _ in range(1500):
+            bs = len(left)
+            mode = ctl.step_mode(bs, bs, 0)
+            on = mode is StepMode.ON
+            clock.t += (0.0060 + 0.00030 * bs) if on else (0.0033 + 0.00004 * bs)
+            made = [1 + (rng.randint(0, 2) if on else 0) for _ in left]
+            if on:
+                ctl.on_result(bs, sum(made) - bs)
+            left = [n - m for n, m in zip(left, made)]
+            done = sum(n <= 0 for n in left)
+            left = [n for n in left if n > 0] + [rng.randint(20, 200) for _ in range(done)]
+            if done:
+                ctl.on_other(done)
+                clock.t += 0.020 + 0.004 * done
+        clock.t += 5.0  # idle between loads
+    obs.close()
+    return obs.path, ctl
+
+
+def test_a_server_trace_redriven_with_its_policy_gives_its_decisions(tmp_path):
+    """The trace holds every input the policy saw (clock, prefills, results): re-driven through the
+    same policy it reproduces each decision, switches included."""
+    from sglang_dynspec.tracereplay import load_server_trace, redrive
+
+    path, ctl = _traced_run(tmp_path)
+    rows = load_server_trace(str(path))
+    assert len(rows) == ctl.stats["decode_steps"] and rows[0]["t"] == pytest.approx(1000.0 + 0.028)
+    res = redrive(rows, "goodput")
+    assert res.exact_acceptance and res.agreement == 1.0
+    assert ctl.stats["switches"] >= 2 and sum(s.decided for s in res.steps) == ctl.stats["steps_on"]
+    assert [len(r) for r in res.runs()] == [1500, 1500, 1500]  # the idle gaps split the loads
+    # another policy at the same inputs: what it would have decided there
+    never = redrive(rows, "never")
+    assert not any(s.decided for s in never.steps) and never.agreement == pytest.approx(
+        1 - ctl.stats["steps_on"] / len(rows))
+
+
+def test_server_trace_cli_and_its_errors(tmp_path, capsys):
+    path, ctl = _traced_run(tmp_path)
+    out_json = tmp_path / "redrive.json"
+    assert main(["replay", "--server-trace", str(path), "--policy", "goodput", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "decisions equal to the recorded ones: 100.00%" in out
+    data = json.loads(out_json.read_text())
+    assert [r["steps"] for r in data["runs"]] == [1500, 1500, 1500]
+    assert sum(r["switches_redriven"] for r in data["runs"]) == ctl.stats["switches"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"bs": 1, "t": 0.5}\n')
+    assert main(["replay", "--server-trace", str(bad)]) == 2
+    assert "line 1 lacks running, waiting, on, acc" in capsys.readouterr().err
+    assert main(["replay", "--server-trace", str(path), "--policy", "never", "--policy", "always"]) == 2
+    assert "one --policy at a time" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="no steps"):
+        from sglang_dynspec.tracereplay import load_server_trace
+
+        (tmp_path / "empty.jsonl").write_text("")
+        load_server_trace(str(tmp_path / "empty.jsonl"))
