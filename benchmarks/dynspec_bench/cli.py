@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--temperature", type=float, default=0.0)
         p.add_argument("--level-order", choices=["mode", "level"], default="mode",
                        help="mode: each mode's levels in turn; level: every mode at one C before the next C "
-                            "(a deadline then cuts the highest C of all modes, not the last mode's levels)")
+                            "(a deadline then cuts the highest C of all modes, not the last mode's levels), each level "
+                            "starting one mode later than the one before")
         p.add_argument("--requests-factor", type=int, default=8, help="requests per level = factor × C")
         p.add_argument("--min-requests", type=int, default=8,
                        help="requests per level at least: max(this, factor × C), then capped by --max-requests")

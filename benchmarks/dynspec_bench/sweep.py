@@ -302,7 +302,8 @@ class Sweep:
             self._run_level(m, srv, ci, c)
 
     def _measure_level_major(self, measured: list[tuple[Mode, ServerProcess]]) -> None:
-        """Level-major order: every mode's correctness prompts, then each C for every mode in turn."""
+        """Level-major order: every mode's correctness prompts, then each C for every mode in turn,
+        the order rotated by one mode per level."""
         for m, srv in measured:
             self._correctness(m, srv)
             self.record["modes"].setdefault(m.name, {})
@@ -313,7 +314,10 @@ class Sweep:
                 write_json(self.json_path, self.record)
             return
         for ci, c in enumerate(self.cfg.concurrency):
-            for m, srv in measured:
+            # Each level starts with the next mode: no mode always runs right after the same one
+            # (the H200 runs measured dynspec last at every level, after stock `on`).
+            k = ci % len(measured) if measured else 0
+            for m, srv in measured[k:] + measured[:k]:
                 with phase(self.record, f"measure:{m.name}", add=True):
                     self._run_level(m, srv, ci, c)
 

@@ -218,7 +218,6 @@ def test_goodput_switches_on_the_other_modes_average_lead_not_on_single_decision
             prev = d
         return n, prev
 
-    assert switches(build_policy("goodput", {"min_dwell": 0, "persist": 1}), [5, 4] * 100)[0] > 50
     p = build_policy("goodput", {"min_dwell": 0})
     n, prev = switches(p, [5, 4] * 100 + [5])
     assert n == 0 and prev is True
@@ -293,6 +292,59 @@ def test_goodput_probes_a_near_tie_soon_and_a_clear_loss_late():
     clear = dict(near, acc=1.5)  # plain 33 % ahead: not before reprobe_every (and only if hopeful)
     assert p.decide(inputs(**clear, dwell=64)) is False
     assert p.decide(inputs(**clear, dwell=1000)) is True
+
+
+def _drive(policy, sizes, acc, costs, start_prev=True, new_load_at=()):
+    """Decisions over a sequence of batch sizes, threading step, previous decision and dwell like
+    the controller; returns (decisions, whys)."""
+    prev, dwell, out, whys = start_prev, 50, [], []
+    for i, bs in enumerate(sizes):
+        d = policy.decide(inputs(step=i, bs=bs, prev=prev, dwell=dwell, acc=acc, samples=100, costs=costs,
+                                 new_load=i in new_load_at))
+        dwell = dwell + 1 if d == prev else 1
+        prev = d
+        out.append(d)
+        whys.append(policy.explain()["why"])
+    return out, whys
+
+
+def test_goodput_backs_off_near_tie_probes_the_model_turns_back():
+    # plain ~7.5 % ahead: a near tie (within two margins), so probes come after reprobe_near plain
+    # steps; each one the model turns back doubles the wait for the next, up to 8x.
+    v = view(lambda b: 10.0, lambda b: 5.0)
+    p = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 10**6})
+    out, whys = _drive(p, [4] * 4000, 1.85, v, start_prev=False)
+    probes = [i for i, w in enumerate(whys) if w == "probe"]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(probes) >= 5 and all(False in out[a:b] for a, b in zip(probes, probes[1:]))  # each turned back
+    assert gaps[1] > 1.8 * gaps[0] and gaps[2] > 1.8 * gaps[1]
+    assert max(gaps) < 8 * 64 + 100  # capped at 2**3 x reprobe_near (+ the time to turn back)
+    # a new load forgets them: the next near-tie probe comes after reprobe_near again
+    q = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 10**6})
+    _drive(q, [4] * 2000, 1.85, v, start_prev=False)
+    assert q._probe_misses == 3
+    q.decide(inputs(step=2000, bs=4, prev=False, dwell=50, acc=1.85, samples=100, costs=v, new_load=True))
+    assert q._probe_misses == 0
+
+
+def test_goodput_a_switch_reversing_a_recent_one_waits_longer_in_a_tie():
+    # runs of 40 steps at bs 5 (speculation ~6 % ahead) and 40 at bs 4 (plain ~6 % ahead): each run
+    # outlasts `persist`, so a rule without memory switches at every run; with it the waits double.
+    off_ms = {4: 4.3, 5: 4.8}
+    v = view(lambda b: 10.0, lambda b: off_ms.get(b, 3.0 + 0.3 * b), sizes=(1, 2, 4, 5, 8, 16))
+    sizes = ([4] * 40 + [5] * 40) * 30
+    out, _ = _drive(build_policy("goodput", {"min_dwell": 0}), sizes, 2.2, v)
+    n = sum(a != b for a, b in zip(out, out[1:]))
+    assert 2 <= n <= 12, n  # not 60
+    # a clear lead is followed after `persist` decisions even after flip-flops
+    p = build_policy("goodput", {"min_dwell": 0})
+    out, _ = _drive(p, sizes[:400], 2.2, v)
+    assert p._flips >= 1
+    prev = out[-1]
+    clear = view(lambda b: 20.0 if prev else 2.0, lambda b: off_ms.get(b, 3.0 + 0.3 * b), sizes=(1, 2, 4, 5, 8, 16))
+    decisions = [p.decide(inputs(step=400 + i, bs=5, prev=prev, dwell=50 + i, acc=2.2, samples=100, costs=clear))
+                 for i in range(8)]
+    assert (not prev) in decisions  # within `persist` decisions (sooner: its average already leaned)
 
 
 def test_goodput_dwell_ends_when_the_batch_doubles_or_halves():

@@ -18,8 +18,10 @@ arrives and plain decode could win if it batches their successors well (the only
 that); after ``reprobe_near`` plain steps a short speculative probe if the modes are within two margins
 (acceptance is not measured while off; the dip that decided it may be gone); after ``reprobe_every``
 plain steps one if speculation could win with 1.5x today's acceptance (after 4x as long in any
-case, in case its costs are stale).  Hysteresis (``margin``) and ``min_dwell`` stop flapping; the
-end of a trial is judged without it, so a toss-up speculates.
+case, in case its costs are stale).  Hysteresis (``margin``), a lead averaged over ``persist``
+decisions and ``min_dwell`` stop flapping; where the modes tie, switches that reverse recent ones
+and probes the model turns back make the next one wait longer.  The end of a trial is judged
+without the margin, so a toss-up speculates.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from .base import PolicyArgs, StepInputs, parse_args
 REPROBE_ACCEPT_FACTOR = 1.5  # a probe is worth it only if this much more acceptance would win
 STALE_PROBE_FACTOR = 4  # ... or after this many reprobe intervals, whatever the estimates say
 BATCH_MOVED = 2.0  # a batch this many times larger or smaller than at the last switch ends the dwell
+FLIP_WINDOW = 512  # decode steps: a switch this soon after the previous one reverses it ...
+MAX_FLIPS = 3  # ... and doubles the decisions the next switch must wait for, up to 2**3 times
 
 
 class GoodputArgs(PolicyArgs):
@@ -70,6 +74,10 @@ class Goodput:
         self._entry_bs = 0  # decode batch size when the current mode was entered
         self._lead = 0.0  # average over recent model decisions of ln(off cost / on cost): > 0 favours on
         self._lead_n = 0  # model decisions behind it since it was reset
+        self._flips = 0  # switches in a row that came within FLIP_WINDOW steps of the one before
+        self._last_switch: int | None = None  # step of the last switch the model decided
+        self._probe_at: int | None = None  # step of the last near-tie probe
+        self._probe_misses = 0  # near-tie probes in a row that the model soon turned back (backs them off)
         self._why = "start"
         self._c_on: float | None = None
         self._c_off: float | None = None
@@ -109,6 +117,8 @@ class Goodput:
             return self._say(False, "learn off", None)
         c_on, c_off, c_free = c
         rho = v.requests_per_token()
+        if x.new_load:
+            self._flips = self._probe_misses = 0  # earlier flip-flops say nothing about a new load
         if x.new_load and prev is not False and rho > 0 and (
                 c_free < c_on or v.samples(False, x.decode_bs) < MIN_SAMPLES):
             # Plain decode could win if it batches the successors of this burst: only a stretch
@@ -135,16 +145,21 @@ class Goodput:
             # as from speculation, so that a toss-up speculates (plain decode carries the draft
             # sync and draft prefill; the incumbent's margin would keep it for no gain).
             self._reset_lead()
-            return self._say(g >= 1.0 - self.margin, "model", c)
+            d = g >= 1.0 - self.margin
+            if prev is not None and d != prev:
+                self._last_switch = x.step
+            return self._say(d, "model", c)
         if prev:
-            return self._contest(True, g, c)
-        if self._contest(False, g, c):
+            return self._contest(True, g, c, x.step)
+        if self._contest(False, g, c, x.step):
             return True
         why = self._why
-        if x.steps_in_mode >= self.reprobe_near and g > 1.0 - 2.0 * self.margin and \
-                x.steps_in_mode % self.reprobe_near == 0:
+        near_every = self.reprobe_near << self._probe_misses
+        if x.steps_in_mode >= near_every and g > 1.0 - 2.0 * self.margin and x.steps_in_mode % near_every == 0:
             # A near tie decided off: the acceptance behind it may have been a dip (it is not
             # measured while off), so look again soon; a probe costs little where the modes are close.
+            # Each probe the model soon turns back doubles the wait for the next one.
+            self._probe_at = x.step
             return self._say(True, "probe", c)
         if x.steps_in_mode >= self.reprobe:
             # Acceptance may have changed, or the speculative costs be stale: probe if more
@@ -155,18 +170,30 @@ class Goodput:
                 return self._say(True, "probe", c)  # dwell holds it min_dwell steps
         return self._say(False, why, c)
 
-    def _contest(self, prev: bool, g: float, c) -> bool:
+    def _contest(self, prev: bool, g: float, c, step: int) -> bool:
         """Switch once the other mode leads by more than the margin on average over recent model
         decisions (at least ``persist`` of them): at C=5 the batch alternates 4/5 as requests are
         replaced, and the ranking with it (bs 5 runs bs 8's graphs); deciding on each step's batch,
         or on a few in a row, flapped between the modes (row 1 of the H200 runs: 5 switches in 6 s,
-        0.84x of either static mode), while the load as a whole favoured neither."""
+        0.84x of either static mode), while the load as a whole favoured neither.  A switch that
+        reverses a recent one doubles the wait for the next (up to 2**MAX_FLIPS x ``persist``) while
+        the lead stays within two margins: where the modes tie, each switch costs both their
+        batching and a resume step, and the estimates cross back and forth."""
+        need = self.persist << self._flips
         self._lead_n += 1
-        self._lead += max(1.0 / self._lead_n, 1.0 / self.persist) * (math.log(g) - self._lead)
+        self._lead += max(1.0 / self._lead_n, 1.0 / need) * (math.log(g) - self._lead)
         threshold = math.log(1.0 - self.margin) if prev else math.log(1.0 + self.margin)
         other_leads = self._lead < threshold if prev else self._lead > threshold
-        if other_leads and self._lead_n >= self.persist:
+        clear = abs(self._lead) > 2.0 * abs(threshold)  # not a tie: a wrong mode is left at once
+        if other_leads and self._lead_n >= (self.persist if clear else need):
             self._reset_lead()
+            soon = self._last_switch is not None and step - self._last_switch < FLIP_WINDOW
+            self._flips = min(self._flips + 1, MAX_FLIPS) if soon else 0
+            self._last_switch = step
+            if prev and self._probe_at is not None:
+                refuted = step - self._probe_at < FLIP_WINDOW
+                self._probe_misses = min(self._probe_misses + 1, MAX_FLIPS) if refuted else 0
+                self._probe_at = None
             return self._say(not prev, "model", c)
         return self._say(prev, "persist" if other_leads or self._leaning(prev, g) else "model", c)
 
