@@ -108,6 +108,10 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--extra-flags", default="", help="appended to every server (one shell-quoted string)")
     g.add_argument("--no-optional-flags", action="store_true",
                    help=f"do not add {OPTIONAL_FLAGS} (otherwise added, and dropped on a failed start)")
+    g.add_argument("--piecewise-cuda-graph", action="store_true",
+                   help="keep SGLang's default piecewise CUDA graphs for prefill (not --disable-piecewise-cuda-graph): "
+                        "~16 s more start-up per server; without them a prefill on the padded pair is eager and "
+                        "CPU-bound (25-50 ms for one 256-token request on the H200)")
     g.add_argument("--mem-fraction-static", type=float, default=0.85,
                    help="fraction of the GPU memory free at each server's start; --max-total-tokens caps the KV")
     g.add_argument("--max-total-tokens", type=int, default=None, help="default: max C × (in+out+64), rounded up")
@@ -162,7 +166,8 @@ def _server_cfg(args, max_c: int, name: str) -> ServerConfig:
         mtt = max(32768, int(math.ceil(need / 4096) * 4096))
     return ServerConfig(
         model=args.model, draft=args.draft, common_flags=common,
-        optional_flags=[] if args.no_optional_flags else list(OPTIONAL_FLAGS),
+        optional_flags=[] if args.no_optional_flags else [
+            f for f in OPTIONAL_FLAGS if not (args.piecewise_cuda_graph and f == "--disable-piecewise-cuda-graph")],
         mem_fraction_static=args.mem_fraction_static, max_total_tokens=mtt,
         extra_flags=shlex.split(args.extra_flags), policy_args=_json_obj(args.policy_args, "--policy-args"),
         stats_root=args.stats_root or f"/tmp/dynspec-stats/{name}-{os.getpid()}",

@@ -248,3 +248,15 @@ def test_python_functions_reported_when_the_trace_has_stacks(tmp_path):
                                         "sglang_dynspec/runtime.py(3): _forward"]
     path.write_text(json.dumps({"traceEvents": evs[1:2]}))
     assert "top_python" not in analyze_trace(path, steps=1)
+
+
+def test_optional_flags_and_piecewise_graphs_switch():
+    from benchmarks.dynspec_bench import cli
+
+    def optional(*extra):
+        args = cli.build_parser().parse_args(["sweep", "--deterministic", "off", "--max-total-tokens", "40000", *extra])
+        return cli._server_cfg(args, 8, "t").optional_flags
+
+    assert optional() == ["--disable-piecewise-cuda-graph", "--sleep-on-idle"]
+    assert optional("--piecewise-cuda-graph") == ["--sleep-on-idle"]  # SGLang's default prefill graphs
+    assert optional("--no-optional-flags") == []
