@@ -186,7 +186,6 @@ class Goodput:
         other_leads = self._lead < threshold if prev else self._lead > threshold
         clear = abs(self._lead) > 2.0 * abs(threshold)  # not a tie: a wrong mode is left at once
         if other_leads and self._lead_n >= (self.persist if clear else need):
-            self._reset_lead()
             soon = self._last_switch is not None and step - self._last_switch < FLIP_WINDOW
             self._flips = min(self._flips + 1, MAX_FLIPS) if soon else 0
             self._last_switch = step
