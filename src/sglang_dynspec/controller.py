@@ -130,7 +130,9 @@ class Controller:
         self._mode_prev = True
         self._bs_prev = 0
         self._rows_admitted = 0  # requests prefilled since the previous decode step (rank-identical)
-        self._results = [0, 0]  # rows and accepted drafts of the results since the previous decode step
+        # rows and accepted drafts of the speculative results since the previous decode step (trace only)
+        self._result_rows = 0
+        self._result_accepted = 0
         self._explain = getattr(policy, "explain", None)
 
         self.stats = {
@@ -186,7 +188,6 @@ class Controller:
             self.prefill.observe(None, 0.0, rows)
         self._t_other = None
         self._rows_admitted = 0
-        results, self._results = self._results, [0, 0]
         if self.step > 0:
             if self.step % self.sync_interval == 0:
                 self._refresh_view()
@@ -218,10 +219,11 @@ class Controller:
         if hook is not None:
             rec = StepRecord(self.step - 1, decode_bs, running, waiting, decision, switched,
                              self.failed is not None, self.accept_length, self.estimates(), rows, extend,
-                             now, *results)
+                             now, self._result_rows, self._result_accepted)
             hook.dynspec_decision(record=rec)
             if switched:
                 hook.dynspec_switch(record=rec)
+        self._result_rows = self._result_accepted = 0
         if not decision:
             mode = StepMode.OFF
         elif resume_pending:
@@ -257,16 +259,18 @@ class Controller:
             return
         self.stats["accepted_drafts"] += accepted_drafts
         self.stats["spec_rows"] += decode_bs
-        self._results[0] += decode_bs
-        self._results[1] += accepted_drafts
+        self._result_rows += decode_bs
+        self._result_accepted += accepted_drafts
         self.prefill.add_tokens(decode_bs + accepted_drafts)
         sample = 1.0 + accepted_drafts / decode_bs
-        n = self.accept_samples + 1
-        # Weighted by rows: a step of one request is one noisy sample (a hard prompt dips it for
-        # a few steps, and a dip that decides "off" is not corrected while off), a step of 100 is many.
-        w = max(1.0 / n, min(1.0, decode_bs / self.accept_memory_rows))
-        self.accept_length += w * (sample - self.accept_length)
-        self.accept_samples = n
+        self.accept_length += self.accept_weight(decode_bs) * (sample - self.accept_length)
+        self.accept_samples += 1
+
+    def accept_weight(self, decode_bs: int) -> float:
+        """Weight of the next speculative step's sample in the acceptance average: by rows, since a
+        step of one request is one noisy sample (a hard prompt dips it for a few steps, and a dip
+        that decides "off" is not corrected while off) and a step of 100 is many."""
+        return max(1.0 / (self.accept_samples + 1), min(1.0, decode_bs / self.accept_memory_rows))
 
     # --- internals ------------------------------------------------------------------
     def _ask(self, decode_bs: int, running: int, waiting: int, new_load: bool = False) -> bool:

@@ -346,9 +346,7 @@ def _accepted_from_estimates(ctl: Controller, row: dict, nxt: dict) -> int | Non
     """Accepted drafts of a speculative step, from how the acceptance estimate moved by the next
     step (the controller's own update, inverted)."""
     a0, a1, bs = float(row["acc"]), float(nxt["acc"]), int(row["bs"])
-    n = ctl.accept_samples + 1
-    w = max(1.0 / n, min(1.0, bs / ctl.accept_memory_rows))
-    sample = a0 + (a1 - a0) / w
+    sample = a0 + (a1 - a0) / ctl.accept_weight(bs)
     if sample < 1.0:
         return None
     return max(0, round((sample - 1.0) * bs))

@@ -105,7 +105,20 @@ class Goodput:
         if d != x.previous:
             self._entry_bs = x.decode_bs
             self._reset_lead()  # a lead measured in the other mode is no evidence for this one
+            if self._why == "model" and x.previous is not None:
+                self._note_switch(x.step, d)
         return d
+
+    def _note_switch(self, step: int, d: bool) -> None:
+        """A switch the model chose: one that reverses a recent one doubles the wait of the next
+        (``_flips``); one back to plain soon after a near-tie probe backs the next probe off."""
+        soon = self._last_switch is not None and step - self._last_switch < FLIP_WINDOW
+        self._flips = min(self._flips + 1, MAX_FLIPS) if soon else 0
+        self._last_switch = step
+        if not d and self._probe_at is not None:
+            refuted = step - self._probe_at < FLIP_WINDOW
+            self._probe_misses = min(self._probe_misses + 1, MAX_FLIPS) if refuted else 0
+            self._probe_at = None
 
     def _decide(self, x: StepInputs) -> bool:
         prev = x.previous
@@ -145,13 +158,10 @@ class Goodput:
             # as from speculation, so that a toss-up speculates (plain decode carries the draft
             # sync and draft prefill; the incumbent's margin would keep it for no gain).
             self._reset_lead()
-            d = g >= 1.0 - self.margin
-            if prev is not None and d != prev:
-                self._last_switch = x.step
-            return self._say(d, "model", c)
+            return self._say(g >= 1.0 - self.margin, "model", c)
         if prev:
-            return self._contest(True, g, c, x.step)
-        if self._contest(False, g, c, x.step):
+            return self._contest(True, g, c)
+        if self._contest(False, g, c):
             return True
         why = self._why
         near_every = self.reprobe_near << self._probe_misses
@@ -170,7 +180,7 @@ class Goodput:
                 return self._say(True, "probe", c)  # dwell holds it min_dwell steps
         return self._say(False, why, c)
 
-    def _contest(self, prev: bool, g: float, c, step: int) -> bool:
+    def _contest(self, prev: bool, g: float, c) -> bool:
         """Switch once the other mode leads by more than the margin on average over recent model
         decisions (at least ``persist`` of them): at C=5 the batch alternates 4/5 as requests are
         replaced, and the ranking with it (bs 5 runs bs 8's graphs); deciding on each step's batch,
@@ -183,22 +193,14 @@ class Goodput:
         self._lead_n += 1
         self._lead += max(1.0 / self._lead_n, 1.0 / need) * (math.log(g) - self._lead)
         threshold = math.log(1.0 - self.margin) if prev else math.log(1.0 + self.margin)
-        other_leads = self._lead < threshold if prev else self._lead > threshold
+        toward = -1.0 if prev else 1.0  # the sign of ln(g) that favours the other mode
+        other_leads = toward * (self._lead - threshold) > 0
         clear = abs(self._lead) > 2.0 * abs(threshold)  # not a tie: a wrong mode is left at once
         if other_leads and self._lead_n >= (self.persist if clear else need):
-            soon = self._last_switch is not None and step - self._last_switch < FLIP_WINDOW
-            self._flips = min(self._flips + 1, MAX_FLIPS) if soon else 0
-            self._last_switch = step
-            if prev and self._probe_at is not None:
-                refuted = step - self._probe_at < FLIP_WINDOW
-                self._probe_misses = min(self._probe_misses + 1, MAX_FLIPS) if refuted else 0
-                self._probe_at = None
             return self._say(not prev, "model", c)
-        return self._say(prev, "persist" if other_leads or self._leaning(prev, g) else "model", c)
-
-    def _leaning(self, prev: bool, g: float) -> bool:
-        # this decision alone would switch: shown as "persist" (waiting for the average)
-        return g < 1.0 - self.margin if prev else g > 1.0 + self.margin
+        # "persist": the average, or this decision alone, would switch; waiting for the average
+        leaning = other_leads or toward * (math.log(g) - threshold) > 0
+        return self._say(prev, "persist" if leaning else "model", c)
 
     def _reset_lead(self) -> None:
         self._lead, self._lead_n = 0.0, 0
