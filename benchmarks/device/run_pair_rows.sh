@@ -5,10 +5,10 @@
 # repository's ignored .pair/ with DYNSPEC_PAIR_REUSE=1: a warm machine keeps ignored files when the
 # next call starts within ~30 s, so only the first call pays the ~230 s build; a cold one rebuilds.
 #   row1    closed loop at C = 1,2,5,10,30,70,100,250, 256 in / 128 out, greedy, max(32, 8×C) requests
-#           (at most 600), greedy outputs compared with `off`, accept pass of `on` at t=0 (the pass goes to
+#           (at most 2000), greedy outputs compared with `off`, accept pass of `on` at t=0 (the pass goes to
 #           static `on` modes only: the dynspec server never serves it, so its cost tables start clean).
 #   rows34  (3) closed loop at C = 1,10,100, output lengths uniform 32..512 (seeded, the same for every
-#           mode), temperature 0.7, 8×C requests (at most 400); (4) then the open-loop trace, greedy, lengths
+#           mode), temperature 0.7, 8×C requests (at most 800); (4) then the open-loop trace, greedy, lengths
 #           32..256: 3 cycles of LOW 2 req/s and HIGH 50 req/s, 10 s phases (shrunk to fit the deadline, not
 #           below 6 s; skipped, and recorded, when even that does not fit: row 3 comes first).
 #   row2    SGLang 0.5.15 (its own bundle and unpack, not a warm machine's 0.5.12): if asked
@@ -42,6 +42,11 @@
 #   transfers each, the three take ~26-28 of the 30 device-minutes.
 #
 # Env knobs (defaults in brackets; run_pair.sh's DYNSPEC_PAIR_* also apply unless set here):
+# Requests per level: 8×C (at least the MIN_REQ), the caps no lower than 8 × the largest default C: with
+# 600 at C=250 a level was 2.4 lockstep cohorts, and one refill stall moved it by several % (pair1h-*).
+# 8×C at C=250 is ~35 s per mode on the pair: row 1's eight levels no longer fit one call with the
+# build; split them (DYNSPEC_ROWS1_C), as pair1i-row1 + pair1i-hi-row1 did.  SGLang's default piecewise
+# CUDA graphs: DYNSPEC_ROWS_ARGS=--piecewise-cuda-graph (used since pair1i; ~18 s more per server start).
 #   DYNSPEC_ROWS_END_S    the call's wall-time target: the harness deadline is this less DYNSPEC_ROWS_PACK_S [560]
 #   DYNSPEC_ROWS_PACK_S   seconds kept for stopping servers, packing and the report [20]
 #   DYNSPEC_ROWS_PREFIX   result names <prefix>-row1 / -rows34 / -row2 [pair1g]
@@ -49,13 +54,13 @@
 #   DYNSPEC_ROWS_MODES    swept modes [off,on,dynspec:goodput; row2: off,on@topk4,dynspec:goodput@topk4]
 #   DYNSPEC_ROWS_NEED_GPUS GPUs torch must see [1] (0 for a CPU dry run with fake servers)
 #   DYNSPEC_PAIR_DIR      the pair [<repo>/.pair/pair];  DYNSPEC_PAIR_REUSE [1]
-#   row1:   DYNSPEC_ROWS1_C [1,2,5,10,30,70,100,250], DYNSPEC_ROWS1_MIN_REQ [32], DYNSPEC_ROWS1_MAX_REQ [600],
+#   row1:   DYNSPEC_ROWS1_C [1,2,5,10,30,70,100,250], DYNSPEC_ROWS1_MIN_REQ [32], DYNSPEC_ROWS1_MAX_REQ [2000],
 #           DYNSPEC_ROWS1_ACCEPT_T accept-pass temperatures of `on` [0] (empty: no pass)
 #   rows34: DYNSPEC_ROWS3_C [1,10,100], DYNSPEC_ROWS3_LEN_RANGE [32,512], DYNSPEC_ROWS3_TEMP [0.7],
-#           DYNSPEC_ROWS3_MIN_REQ [8], DYNSPEC_ROWS3_MAX_REQ [400];
+#           DYNSPEC_ROWS3_MIN_REQ [8], DYNSPEC_ROWS3_MAX_REQ [800];
 #           DYNSPEC_ROWS4_TRACE low,high,phase_s,cycles [2,50,10,3] (`none`: no trace), DYNSPEC_ROWS4_MIN_PHASE_S [6],
 #           DYNSPEC_ROWS4_TEMP [0], DYNSPEC_ROWS4_LEN_RANGE [32,256]
-#   row2:   DYNSPEC_ROWS2_C [1,5,30,100,250], DYNSPEC_ROWS2_MIN_REQ [32], DYNSPEC_ROWS2_MAX_REQ [600],
+#   row2:   DYNSPEC_ROWS2_C [1,5,30,100,250], DYNSPEC_ROWS2_MIN_REQ [32], DYNSPEC_ROWS2_MAX_REQ [2000],
 #           DYNSPEC_ROWS2_ACCEPT_T [0], DYNSPEC_ROWS2_TESTS_END_S tests end by then (pytest --timeout) [330],
 #           DYNSPEC_ROWS2_PYTEST_ARGS pytest arguments of the GPU tests [none: no tests]. On the H200
 #           (2026-12-01) `-n 3` failed: the three tests' servers did not fit in GPU memory together
@@ -140,7 +145,7 @@ RC=0
 case "$ROW" in
   row1)
     DYNSPEC_PAIR_MODES=${DYNSPEC_ROWS_MODES:-off,on,dynspec:goodput} DYNSPEC_PAIR_C=${DYNSPEC_ROWS1_C:-1,2,5,10,30,70,100,250} \
-      DYNSPEC_PAIR_MAX_REQ=${DYNSPEC_ROWS1_MAX_REQ:-600} DYNSPEC_PAIR_ACCEPT_MODES= DYNSPEC_PAIR_ACCEPT_T=${DYNSPEC_ROWS1_ACCEPT_T-0} \
+      DYNSPEC_PAIR_MAX_REQ=${DYNSPEC_ROWS1_MAX_REQ:-2000} DYNSPEC_PAIR_ACCEPT_MODES= DYNSPEC_PAIR_ACCEPT_T=${DYNSPEC_ROWS1_ACCEPT_T-0} \
       sweep --min-requests "${DYNSPEC_ROWS1_MIN_REQ:-32}"
     RC=$? ;;
   rows34)
@@ -152,7 +157,7 @@ case "$ROW" in
                 --add-trace-temperature "${DYNSPEC_ROWS4_TEMP:-0}" --add-trace-output-len-range "${DYNSPEC_ROWS4_LEN_RANGE:-32,256}")
     [ "$TRACE" = none ] && TRACE_ARGS=()
     DYNSPEC_PAIR_MODES=${DYNSPEC_ROWS_MODES:-off,on,dynspec:goodput} DYNSPEC_PAIR_C=${DYNSPEC_ROWS3_C:-1,10,100} \
-      DYNSPEC_PAIR_MAX_REQ=${DYNSPEC_ROWS3_MAX_REQ:-400} DYNSPEC_PAIR_ACCEPT_MODES= DYNSPEC_PAIR_ACCEPT_T= \
+      DYNSPEC_PAIR_MAX_REQ=${DYNSPEC_ROWS3_MAX_REQ:-800} DYNSPEC_PAIR_ACCEPT_MODES= DYNSPEC_PAIR_ACCEPT_T= \
       sweep --output-len-range "${DYNSPEC_ROWS3_LEN_RANGE:-32,512}" --temperature "${DYNSPEC_ROWS3_TEMP:-0.7}" \
       --min-requests "${DYNSPEC_ROWS3_MIN_REQ:-8}" "${TRACE_ARGS[@]}"
     RC=$? ;;
@@ -170,7 +175,7 @@ case "$ROW" in
       RC=3; note "no pair: no sweep (run_pair.sh would only build it again, past the deadline)"
     else
       DYNSPEC_PAIR_MODES=${DYNSPEC_ROWS_MODES:-off,on@topk4,dynspec:goodput@topk4} DYNSPEC_PAIR_C=${DYNSPEC_ROWS2_C:-1,5,30,100,250} \
-        DYNSPEC_PAIR_MAX_REQ=${DYNSPEC_ROWS2_MAX_REQ:-600} DYNSPEC_PAIR_ACCEPT_MODES= DYNSPEC_PAIR_ACCEPT_T=${DYNSPEC_ROWS2_ACCEPT_T-0} \
+        DYNSPEC_PAIR_MAX_REQ=${DYNSPEC_ROWS2_MAX_REQ:-2000} DYNSPEC_PAIR_ACCEPT_MODES= DYNSPEC_PAIR_ACCEPT_T=${DYNSPEC_ROWS2_ACCEPT_T-0} \
         sweep --min-requests "${DYNSPEC_ROWS2_MIN_REQ:-32}"
       RC=$?
     fi

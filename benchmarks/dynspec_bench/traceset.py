@@ -110,7 +110,7 @@ def build(result_path: Path, logs_path: Path) -> dict:
     out = {"name": result_path.stem, "source": f"{result_path.name} + {logs_path.name}",
            "git_commit": result.get("git_commit"), "sglang_version": result.get("sglang_version"),
            "gpu": result.get("gpu"), "model": result.get("model"), "output_len": output_len,
-           "command": result.get("command"), "levels": {}}
+           "command": result.get("command"), "verify_rows": result.get("num_draft_tokens"), "levels": {}}
     for pid, mode in pid_modes.items():
         kind = STATIC_MODES.get(mode)
         if kind is None or pid not in traces:

@@ -337,7 +337,13 @@ def _replay_server_trace(args, policy_args) -> int:
 
         raise ConfigError(f"--server-trace: re-drives one --policy at a time (got {len(args.policy)})")
     policy = args.policy[0] if args.policy else DynspecSettings.model_fields["policy"].default
-    res = redrive(load_server_trace(args.server_trace), policy, policy_args)
+    rows = load_server_trace(args.server_trace)
+    if args.verify_rows is None and rows[0].get("vr") is None:
+        from .errors import ConfigError
+
+        raise ConfigError(f"--server-trace ({args.server_trace}): the trace does not record the server's "
+                          "speculative_num_draft_tokens (written before it did): give --verify-rows")
+    res = redrive(rows, policy, policy_args, args.verify_rows)
     print(f"server trace {args.server_trace}: {len(res.steps)} decode steps re-driven with policy {policy!r}; "
           f"acceptance {'as the controller received it' if res.exact_acceptance else 'inferred (older trace)'}")
     print(f"decisions equal to the recorded ones: {res.agreement:.2%}")
@@ -418,6 +424,16 @@ def _replay_profile(args, policy_args) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        val = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if val < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return val
+
+
 def _positive_ints(text: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",")]
@@ -469,6 +485,9 @@ def main(argv=None) -> int:
     r.add_argument("--server-trace", metavar="JSONL",
                    help="instead: re-drive one server's decision trace (SGLANG_DYNSPEC_TRACE_FILE) step by step "
                         "through a --policy, and compare its decisions with the recorded ones")
+    r.add_argument("--verify-rows", type=_positive_int, metavar="N",
+                   help="--server-trace: the server's --speculative-num-draft-tokens (default: the trace's; "
+                        "traces from before 2026-12-01 do not record it)")
     r.add_argument("--check", metavar="SWEEP_JSON",
                    help="instead: project a measured harness sweep from its own costs and report the error")
     r.set_defaults(fn=_replay)

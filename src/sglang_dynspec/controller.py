@@ -62,6 +62,7 @@ class StepRecord:
     # rows and accepted drafts, so that a trace replays the acceptance the policy saw
     result_rows: int = 0
     result_accepted: int = 0
+    verify_rows: int | None = None  # the controller's (a trace records it once, for its re-drive)
 
 
 # A single decide() this many times over its deadline is a hang, not a hiccup.
@@ -95,6 +96,7 @@ class Controller:
         hook: Any = None,
         clock: Callable[[], float] = time.perf_counter,
         accept_memory_rows: float = 256.0,
+        verify_rows: int | None = None,
     ):
         self.policy = policy
         self.policy_name = getattr(policy, "name", type(policy).__name__)
@@ -112,6 +114,7 @@ class Controller:
         self.hook = hook  # pluggy hook relay, or None
         self.clock = clock
         self.accept_memory_rows = accept_memory_rows  # acceptance averages over about this many request-steps
+        self.verify_rows = verify_rows  # target rows a speculative step verifies per request (CostView)
 
         self.costs = CostTable()
         self.prefill = PrefillMeter()
@@ -219,7 +222,7 @@ class Controller:
         if hook is not None:
             rec = StepRecord(self.step - 1, decode_bs, running, waiting, decision, switched,
                              self.failed is not None, self.accept_length, self.estimates(), rows, extend,
-                             now, self._result_rows, self._result_accepted)
+                             now, self._result_rows, self._result_accepted, self.verify_rows)
             hook.dynspec_decision(record=rec)
             if switched:
                 hook.dynspec_switch(record=rec)
@@ -327,13 +330,13 @@ class Controller:
         version = self.stats["agreements"]
         self.stats["agreements"] += 1
         if self.tp_size == 1 or self.agree is None:
-            self.view = CostView.from_table(self.costs, self.prefill, version)
+            self.view = CostView.from_table(self.costs, self.prefill, version, self.verify_rows)
             return
         vec = self.costs.to_vector() + self.prefill.to_vector()
         vec.append(1.0 if self._pending_failure else 0.0)
         vec = self.agree(vec)
         failed_somewhere = vec.pop() > 0
-        self.view = CostView(vec, version=version, ranks=self.tp_size)
+        self.view = CostView(vec, version=version, ranks=self.tp_size, verify_rows=self.verify_rows)
         if failed_somewhere:
             self._fail_agreed()
 

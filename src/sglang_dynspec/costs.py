@@ -183,11 +183,18 @@ PREFILL_VECTOR_LEN = 3 * NUM_BUCKETS + PREFILL_COUNTS
 
 class CostView:
     """Agreed, read-only costs: decode steps with a per-mode linear fit (time = a + c*bs) for
-    empty buckets; prefill batches interpolated between the measured sizes."""
+    empty buckets; prefill batches interpolated between the measured sizes.
 
-    __slots__ = ("time", "count", "mean_bs", "fit", "version", "prefill", "batch_points", "batch_fit", "per_request")
+    ``verify_rows``: target rows a speculative step verifies per request (the server's
+    ``speculative_num_draft_tokens``; None when unknown).  It bounds how cheaply speculation may be
+    extrapolated to batches larger than any it ran at (see ``estimate``)."""
 
-    def __init__(self, summed: Sequence[float] | None, version: int = 0, ranks: int = 1):
+    __slots__ = ("time", "count", "mean_bs", "fit", "version", "prefill", "batch_points", "batch_fit", "per_request",
+                 "verify_rows")
+
+    def __init__(self, summed: Sequence[float] | None, version: int = 0, ranks: int = 1,
+                 verify_rows: int | None = None):
+        self.verify_rows = verify_rows
         n = NUM_BUCKETS
         self.time = [[0.0] * n, [0.0] * n]
         self.count = [[0] * n, [0] * n]
@@ -212,9 +219,10 @@ class CostView:
         self.fit = [self._fit(0), self._fit(1)]
 
     @classmethod
-    def from_table(cls, table: CostTable, meter: PrefillMeter | None = None, version: int = 0) -> "CostView":
+    def from_table(cls, table: CostTable, meter: PrefillMeter | None = None, version: int = 0,
+                   verify_rows: int | None = None) -> "CostView":
         """A single rank's view: copies of its own lists (no vector round trip)."""
-        v = cls(None, version)
+        v = cls(None, version, verify_rows=verify_rows)
         v.time = [list(table.time[0]), list(table.time[1])]
         v.count = [list(table.count[0]), list(table.count[1])]
         v.mean_bs = [list(table.mean_bs[0]), list(table.mean_bs[1])]
@@ -267,16 +275,35 @@ class CostView:
         return _line(pts)
 
     def estimate(self, on: bool, bs: int) -> float | None:
-        """Seconds per decode step (prefills excluded) in that mode at ``bs``; None when unknown."""
+        """Seconds per decode step (prefills excluded) in that mode at ``bs``; None when unknown.
+
+        Speculation above the largest batch it was timed at costs at least its time there plus,
+        per extra request, ``verify_rows`` times what an extra row costs plain decode: its verify
+        runs that many target rows per request.  Its own fit cannot say so: small batches are
+        CPU-bound and nearly flat (on the H200 pair the fit through bs 1-8 was 6.5 ms + 0.0 ms per
+        row, and put a bs-250 step at 6.5 ms where it took ~30 ms; the policy then speculated at
+        C=250, scattered the finishing times and stayed there at 0.64x of plain decode)."""
         m = 1 if on else 0
         b = bucket(min(bs, MAX_BS))
         if self.count[m][b] >= MIN_SAMPLES:
             return self.time[m][b]
         f = self.fit[m]
-        if f is None:
+        est = f[0] + f[1] * bs if f is not None else None
+        if on:
+            floor = self._verify_floor(bs)
+            if floor is not None and (est is None or floor > est):
+                est = floor
+        return est if est is not None and est > 0 else None
+
+    def _verify_floor(self, bs: int) -> float | None:
+        """Speculation's least plausible step time at ``bs`` above its largest timed batch (None
+        below it, or without ``verify_rows`` or a plain-decode slope)."""
+        if not self.verify_rows or self.fit[0] is None:
             return None
-        est = f[0] + f[1] * bs
-        return est if est > 0 else None
+        top = max((b for b in range(NUM_BUCKETS) if self.count[1][b] >= MIN_SAMPLES), default=None)
+        if top is None or bs <= self.mean_bs[1][top]:
+            return None
+        return self.time[1][top] + self.verify_rows * self.fit[0][1] * (bs - self.mean_bs[1][top])
 
     def samples(self, on: bool, bs: int) -> int:
         return self.count[1 if on else 0][bucket(min(bs, MAX_BS))]

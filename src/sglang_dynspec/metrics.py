@@ -134,8 +134,10 @@ class TraceObserver:
             f'"waiting":{record.waiting},"on":{"true" if record.speculate else "false"},'
             f'"acc":{record.accept_length:.4f},"t":{record.t:.6f},"new":{record.admitted},'
             f'"prefill_ms":{record.prefill_s * 1e3:.3f},"res_rows":{record.result_rows},'
-            f'"res_acc":{record.result_accepted}{extra}}}\n'
+            f'"res_acc":{record.result_accepted}{extra}'
         )
+        # The first line also carries what the re-drive needs beyond the steps.
+        line += f',"vr":{json.dumps(record.verify_rows)}}}\n' if self._written == 0 else "}\n"
         self._written += len(line)
         if self._written > self.max_bytes:
             self._full = True

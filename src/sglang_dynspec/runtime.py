@@ -120,13 +120,14 @@ def attach(scheduler: Any) -> WorkerState | None:
                               "nothing to control")
     tp_rank = int(getattr(scheduler, "tp_rank", 0) or 0)
     tp_size = int(getattr(scheduler, "tp_size", 1) or 1)
+    sa = getattr(scheduler, "server_args", None)
     ctl = new_controller(tp_rank=tp_rank, tp_size=tp_size,
-                         agree=_agree_fn(scheduler) if tp_size > 1 else None)
+                         agree=_agree_fn(scheduler) if tp_size > 1 else None,
+                         verify_rows=getattr(sa, "speculative_num_draft_tokens", None))
     path = compat.worker_path(worker)
     adapter = _load_adapter(path)
     st = WorkerState(settings, ctl, scheduler, worker, path, adapter)
-    sa = getattr(scheduler, "server_args", None)
-    st.draft_tokens_per_step = getattr(sa, "speculative_num_draft_tokens", None)
+    st.draft_tokens_per_step = ctl.verify_rows
     try:
         from sglang.srt.managers.utils import GenerationBatchResult
 
@@ -160,8 +161,9 @@ def attach(scheduler: Any) -> WorkerState | None:
     return st
 
 
-def new_controller(tp_rank: int = 0, tp_size: int = 1, agree=None) -> Controller:
-    """A controller for the settings and policy activation validated, with every installed observer."""
+def new_controller(tp_rank: int = 0, tp_size: int = 1, agree=None, verify_rows: int | None = None) -> Controller:
+    """A controller for the settings and policy activation validated, with every installed observer;
+    ``verify_rows``: the server's speculative_num_draft_tokens."""
     from .plugins import pm
 
     settings = SETTINGS
@@ -179,6 +181,7 @@ def new_controller(tp_rank: int = 0, tp_size: int = 1, agree=None) -> Controller
         tp_size=tp_size,
         agree=agree,
         hook=pm.hook if _has_observers(pm) else None,
+        verify_rows=verify_rows,
     )
 
 

@@ -106,7 +106,8 @@ def load_trace_set(spec: str) -> TraceSet:
                 levels.setdefault(int(c), {})[mode] = _level(int(c), mode, lv)
     except (ValueError, KeyError, TypeError, IndexError) as e:
         raise ConfigError(f"--traces ({origin}): not a trace set: {type(e).__name__}: {e}") from None
-    meta = {k: raw.get(k) for k in ("git_commit", "sglang_version", "gpu", "model", "command", "output_len")}
+    meta = {k: raw.get(k) for k in ("git_commit", "sglang_version", "gpu", "model", "command", "output_len",
+                                     "verify_rows")}
     return TraceSet(raw.get("name", origin), origin, dict(sorted(levels.items())), incomplete, meta)
 
 
@@ -135,7 +136,7 @@ def replay_static(lv: LevelTrace) -> float:
 def replay_policy(ts: TraceSet, policy: str, policy_args: dict | None = None) -> list[LevelResult]:
     """Every level in order on one controller, as one server ran them (idle between levels)."""
     clock = SimClock()
-    ctl = Controller(build_policy(policy, policy_args or {}), clock=clock)
+    ctl = Controller(build_policy(policy, policy_args or {}), clock=clock, verify_rows=ts.meta.get("verify_rows"))
     out = []
     for c, modes in ts.levels.items():
         if "on" not in modes or "off" not in modes:
@@ -309,7 +310,8 @@ def load_server_trace(path: str) -> list[dict]:
     return rows
 
 
-def redrive(rows: list[dict], policy: str, policy_args: dict | None = None) -> RedriveResult:
+def redrive(rows: list[dict], policy: str, policy_args: dict | None = None,
+            verify_rows: int | None = None) -> RedriveResult:
     """Feed a server's recorded inputs (batch sizes, clock, prefills, speculative results) to a fresh
     controller with ``policy``, step by step, and record what it decides.
 
@@ -318,9 +320,14 @@ def redrive(rows: list[dict], policy: str, policy_args: dict | None = None) -> R
     what that one would have decided *at the same inputs* — not what would have followed, since a
     different decision changes the batches and timings after it.  Traces written before the
     results were recorded (no ``res_rows``) get the acceptance back from the next step's estimate.
+    ``verify_rows``: the server's speculative_num_draft_tokens, by default the trace's (its first line
+    has it since traces recorded it, "vr").
     """
     clock = SimClock()
-    ctl = Controller(build_policy(policy, policy_args or {}), clock=clock, deadline_s=float("inf"))
+    if verify_rows is None:
+        verify_rows = rows[0].get("vr")
+    ctl = Controller(build_policy(policy, policy_args or {}), clock=clock, deadline_s=float("inf"),
+                     verify_rows=verify_rows)
     exact = "res_rows" in rows[0]
     out = []
     for i, r in enumerate(rows):

@@ -97,7 +97,7 @@ def test_row1_builds_the_pair_greedy_levels_and_accept_pass_of_on_only(calls):
     assert "no complete pair" in console and "building the pair" in console
     assert "reused" not in rec["pair"] and rec["build_minutes"] > 0
     s = rec["settings"]
-    assert s["temperature"] == 0.0 and s["output_len_range"] is None and s["max_requests"] == 600
+    assert s["temperature"] == 0.0 and s["output_len_range"] is None and s["max_requests"] == 2000
     assert s["level_order"] == "level" and "added_trace" not in s and set(rec["flags"]) == MODES
     for levels in rec["modes"].values():
         assert {c: lv["requests"] for c, lv in levels.items()} == {"1": 32, "2": 32}  # max(32, 8×C)
@@ -121,7 +121,7 @@ def test_rows34_reuse_the_pair_then_a_greedy_trace_with_its_own_lengths(calls):
     log = _tar_text(out / f"{name}-logs.tar.xz", "pair-build.log")
     assert log.startswith(f"[run_pair] {name}: reused the complete pair") and "fake_build: measure done" in log
     s = rec["settings"]
-    assert s["temperature"] == 0.7 and s["output_len_range"] == [3, 12] and s["max_requests"] == 400
+    assert s["temperature"] == 0.7 and s["output_len_range"] == [3, 12] and s["max_requests"] == 800
     assert "accept_pass" not in rec and set(rec["flags"]) == MODES
     at = s["added_trace"]
     assert at["temperature"] == 0.0 and at["output_len_range"] == [2, 5]

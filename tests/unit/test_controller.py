@@ -374,3 +374,72 @@ def test_a_refill_is_not_a_new_load_so_a_trial_does_not_start_the_next_one():
     assert ctl.stats["switches"] >= 2 and ctl.prev is True  # tried plain, went back to speculating
     # a load of another size is a new question
     assert _serve(ctl, clock, pol, 10, reqs, arrivals={3: 14}) == [3]
+
+
+def _costs_like_the_h200_pair():
+    """Speculation timed at bs 1-8 only (CPU-bound, flat ~6.4 ms); plain decode at bs 1-256,
+    3.4 ms + 0.037 ms per row (pair1i-hi, SGLang 0.5.12 on the H200)."""
+    from sglang_dynspec.costs import CostTable
+
+    t = CostTable()
+    for bs in range(1, 9):
+        for _ in range(6):
+            t.observe(True, bs, 0.0064 + 0.00001 * (bs % 2))
+    for bs in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        for _ in range(6):
+            t.observe(False, bs, 0.0034 + 0.000037 * bs)
+    return t
+
+
+def test_speculation_above_its_timed_batches_costs_verify_rows_times_a_plain_row():
+    from sglang_dynspec.costs import CostView
+
+    t = _costs_like_the_h200_pair()
+    bounded = CostView.from_table(t, verify_rows=3)
+    top = bounded.estimate(True, 8)  # measured: unchanged
+    assert top == pytest.approx(0.0064, abs=2e-5)
+    # bs 250: its time at bs 8 plus 3 x 0.037 ms for each of the 242 extra requests (~33 ms)
+    assert bounded.estimate(True, 250) == pytest.approx(top + 3 * 0.000037 * 242, rel=0.02)
+    assert bounded.estimate(True, 250) > 2 * bounded.estimate(False, 250)
+    # at and below its timed batches, and for plain decode, nothing changes
+    unbounded = CostView.from_table(t)
+    for on, bs in ((True, 1), (True, 5), (True, 8), (False, 250), (False, 3)):
+        assert bounded.estimate(on, bs) == unbounded.estimate(on, bs)
+    # without verify rows the flat fit stands: speculation at bs 250 looked 5x cheaper than it ran
+    assert unbounded.estimate(True, 250) < 0.007
+    # one timed batch size is enough for the bound (no fit of its own yet)
+    one = CostView.from_table(_one_on_bucket(), verify_rows=16)
+    assert one.estimate(True, 4) is None and one.estimate(True, 64) == pytest.approx(
+        0.0064 + 16 * 0.000037 * 56, rel=0.02)
+
+
+def _one_on_bucket():
+    from sglang_dynspec.costs import CostTable
+
+    t = CostTable()
+    for _ in range(6):
+        t.observe(True, 8, 0.0064)
+    for bs in (1, 8, 64):
+        for _ in range(6):
+            t.observe(False, bs, 0.0034 + 0.000037 * bs)
+    return t
+
+
+def test_verify_rows_reach_the_agreed_view_and_the_trace_record():
+    clock = Clock()
+    seen = []
+
+    class Relay:
+        def dynspec_decision(self, record):
+            seen.append(record)
+
+        def dynspec_switch(self, record):
+            pass
+
+    c = Controller(build_policy("always", {}), clock=clock, tp_size=2, agree=lambda vec: [2 * x for x in vec],
+                   verify_rows=16, sync_interval=1, hook=Relay())
+    for _ in range(4):
+        clock.t += 0.01
+        c.step_mode(4, 4, 0)
+    assert c.view is not None and c.view.verify_rows == 16
+    assert seen and all(r.verify_rows == 16 for r in seen)

@@ -4,6 +4,7 @@ import gzip
 import io
 import json
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -119,7 +120,7 @@ def _traced_run(tmp_path, policy="goodput"):
     pm.register(obs)
     clock, rng = SimClock(), random.Random(7)
     clock.t = 1000.0
-    ctl = Controller(build_policy(policy, {}), clock=clock, hook=pm.hook, deadline_s=float("inf"))
+    ctl = Controller(build_policy(policy, {}), clock=clock, hook=pm.hook, deadline_s=float("inf"), verify_rows=3)
     for load in (2, 30, 2):
         left = [rng.randint(20, 200) for _ in range(load)]
         ctl.on_other(load)
@@ -151,6 +152,8 @@ def test_a_server_trace_redriven_with_its_policy_gives_its_decisions(tmp_path):
     path, ctl = _traced_run(tmp_path)
     rows = load_server_trace(str(path))
     assert len(rows) == ctl.stats["decode_steps"] and rows[0]["t"] == pytest.approx(1000.0 + 0.028)
+    # the first line alone carries the controller's verify rows, which the re-drive takes from it
+    assert rows[0]["vr"] == 3 and not any("vr" in r for r in rows[1:])
     res = redrive(rows, "goodput")
     assert res.exact_acceptance and res.agreement == 1.0
     assert ctl.stats["switches"] >= 2 and sum(s.decided for s in res.steps) == ctl.stats["steps_on"]
@@ -170,6 +173,17 @@ def test_server_trace_cli_and_its_errors(tmp_path, capsys):
     data = json.loads(out_json.read_text())
     assert [r["steps"] for r in data["runs"]] == [1500, 1500, 1500]
     assert sum(r["switches_redriven"] for r in data["runs"]) == ctl.stats["switches"]
+    # a trace from before the verify rows were recorded: refused unless they are given
+    lines = path.read_text().splitlines(keepends=True)
+    old = tmp_path / "old.jsonl"
+    old.write_text(lines[0].replace(',"vr":3', "") + "".join(lines[1:]))
+    assert main(["replay", "--server-trace", str(old)]) == 2
+    assert "give --verify-rows" in capsys.readouterr().err
+    assert main(["replay", "--server-trace", str(old), "--verify-rows", "3"]) == 0
+    assert "decisions equal to the recorded ones: 100.00%" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["replay", "--server-trace", str(old), "--verify-rows", "0"])
+    assert "--verify-rows: must be >= 1" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"bs": 1, "t": 0.5}\n')
     assert main(["replay", "--server-trace", str(bad)]) == 2
@@ -181,3 +195,34 @@ def test_server_trace_cli_and_its_errors(tmp_path, capsys):
 
         (tmp_path / "empty.jsonl").write_text("")
         load_server_trace(str(tmp_path / "empty.jsonl"))
+
+
+H200_C250 = Path(__file__).resolve().parents[2] / "benchmarks/results/pair1i-hi-row1-logs.tar.xz"
+
+
+def _h200_trace_rows():
+    with tarfile.open(H200_C250, "r:xz") as tar:
+        member = next(m for m in tar.getmembers() if "/trace/" in m.name and m.name.endswith(".jsonl"))
+        text = tar.extractfile(member).read().decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_speculation_is_not_extrapolated_into_a_large_batch():
+    """H200, SGLang 0.5.12, pair1i-hi C=250: the server had timed speculation only at bs <= 8, its
+    fit there was flat (~6.5 ms per step whatever the batch), and after a plain trial at bs 250 it
+    switched to speculation (~30 ms steps), scattered the finishing times and ended at 0.64x of
+    plain decode.  Re-driven with the server's 3 verify rows per request, the policy keeps plain
+    decode at every large-batch step up to and including the one where the server switched."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _h200_trace_rows()
+    first_on = next(i for i, r in enumerate(rows) if r["bs"] >= 150 and r["on"])
+    large = [i for i in range(first_on + 1) if rows[i]["bs"] >= 150]
+    assert len(large) > 150  # the trial at bs ~250 and the step after it
+    fixed = redrive(rows[: first_on + 1], "goodput", verify_rows=3).steps
+    assert not any(fixed[i].decided for i in large)
+    est = fixed[first_on].estimates
+    assert est["off_tok_s"] > 1.2 * est["on_tok_s"]
+    # without the verify rows, the same inputs give the recorded (costly) switch
+    unbounded = redrive(rows[: first_on + 1], "goodput").steps
+    assert unbounded[first_on].decided and unbounded[first_on].why == "model"
