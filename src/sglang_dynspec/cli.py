@@ -338,7 +338,7 @@ def _replay_server_trace(args, policy_args) -> int:
         raise ConfigError(f"--server-trace: re-drives one --policy at a time (got {len(args.policy)})")
     policy = args.policy[0] if args.policy else DynspecSettings.model_fields["policy"].default
     rows = load_server_trace(args.server_trace)
-    if args.verify_rows is None and rows[0].get("vr") is None:
+    if args.verify_rows is None and "vr" not in rows[0]:
         from .errors import ConfigError
 
         raise ConfigError(f"--server-trace ({args.server_trace}): the trace does not record the server's "
