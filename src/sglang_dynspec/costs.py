@@ -190,7 +190,7 @@ class CostView:
     extrapolated to batches larger than any it ran at (see ``estimate``)."""
 
     __slots__ = ("time", "count", "mean_bs", "fit", "version", "prefill", "batch_points", "batch_fit", "per_request",
-                 "verify_rows")
+                 "verify_rows", "on_top")
 
     def __init__(self, summed: Sequence[float] | None, version: int = 0, ranks: int = 1,
                  verify_rows: int | None = None):
@@ -216,7 +216,7 @@ class CostView:
                     self.mean_bs[m][b] = s / has
                     self.count[m][b] = int(cnt / has)
         self._set_prefill(summed[i : i + PREFILL_VECTOR_LEN], ranks)
-        self.fit = [self._fit(0), self._fit(1)]
+        self._derive()
 
     @classmethod
     def from_table(cls, table: CostTable, meter: PrefillMeter | None = None, version: int = 0,
@@ -227,7 +227,7 @@ class CostView:
         v.count = [list(table.count[0]), list(table.count[1])]
         v.mean_bs = [list(table.mean_bs[0]), list(table.mean_bs[1])]
         v._set_prefill(meter.to_vector() if meter is not None else None, 1)
-        v.fit = [v._fit(0), v._fit(1)]
+        v._derive()
         return v
 
     def _set_prefill(self, vec: Sequence[float] | None, ranks: int) -> None:
@@ -267,6 +267,11 @@ class CostView:
         """Prefill seconds per admitted request to expect in that mode (see _choose_per_request)."""
         return self.per_request[1 if on else 0]
 
+    def _derive(self) -> None:
+        """What every estimate reads, once per view: the fits, and speculation's largest timed bucket."""
+        self.fit = [self._fit(0), self._fit(1)]
+        self.on_top = max((b for b in range(NUM_BUCKETS) if self.count[1][b] >= MIN_SAMPLES), default=None)
+
     def _fit(self, m: int) -> tuple[float, float] | None:
         cnt, bs, tm = self.count[m], self.mean_bs[m], self.time[m]
         pts = [(bs[b], tm[b]) for b in range(NUM_BUCKETS) if cnt[b] >= MIN_SAMPLES]
@@ -300,7 +305,7 @@ class CostView:
         below it, or without ``verify_rows`` or a plain-decode slope)."""
         if not self.verify_rows or self.fit[0] is None:
             return None
-        top = max((b for b in range(NUM_BUCKETS) if self.count[1][b] >= MIN_SAMPLES), default=None)
+        top = self.on_top
         if top is None or bs <= self.mean_bs[1][top]:
             return None
         return self.time[1][top] + self.verify_rows * self.fit[0][1] * (bs - self.mean_bs[1][top])

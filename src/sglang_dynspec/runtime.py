@@ -41,7 +41,6 @@ class WorkerState:
         self.off_results: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.stats_writer = None
         self.prometheus = None
-        self.draft_tokens_per_step: int | None = None
         self.accepted_field: str | None = None
         self.optout_rids: set = set()  # requests that asked for no speculation, still possibly running
         self.optout_absent: set = set()  # opt-outs not seen in any queue at the last check
@@ -127,7 +126,6 @@ def attach(scheduler: Any) -> WorkerState | None:
     path = compat.worker_path(worker)
     adapter = _load_adapter(path)
     st = WorkerState(settings, ctl, scheduler, worker, path, adapter)
-    st.draft_tokens_per_step = ctl.verify_rows
     try:
         from sglang.srt.managers.utils import GenerationBatchResult
 
@@ -319,7 +317,8 @@ def _report(st: WorkerState) -> None:
         st.stats_writer.maybe_write(lambda: snap, force=True)
     if st.prometheus is not None:
         try:
-            st.prometheus.update(snap, st.draft_tokens_per_step and st.draft_tokens_per_step - 1)
+            vr = st.controller.verify_rows
+            st.prometheus.update(snap, vr and vr - 1)
         except Exception:
             logger.exception("sglang-dynspec: metrics update failed; metrics disabled")
             st.prometheus = None
