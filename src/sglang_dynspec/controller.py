@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .costs import CostTable, CostView, PrefillMeter
+from .costs import MIN_SAMPLES, CostTable, CostView, PrefillMeter
 from .policies.base import StepInputs
 
 logger = logging.getLogger("sglang_dynspec")
@@ -133,6 +133,8 @@ class Controller:
         self._mode_prev = True
         self._bs_prev = 0
         self._rows_admitted = 0  # requests prefilled since the previous decode step (rank-identical)
+        # a prefill seen at the last decode step, recorded at the next (charged mode, seconds, rows)
+        self._held: tuple[bool | None, float | None, int] | None = None
         # rows and accepted drafts of the speculative results since the previous decode step (trace only)
         self._result_rows = 0
         self._result_accepted = 0
@@ -177,18 +179,31 @@ class Controller:
         charged_to: bool | None = None
         cut = self._t_other if self._t_other is not None else now
         extend = now - cut  # the prefill batches since the previous decode step, 0.0 if none
+        held, self._held = self._held, None
         if self._t_prev is not None:
             # The decode part (up to the first extend, if any) must look like a step: a gap
             # before new requests arrived or a stall is not a cost.  Prefill time after it is.
             dt = cut - self._t_prev
             est = self.costs.estimate_local(self._mode_prev, self._bs_prev)
+            spill = 0.0
             if dt < 1.0 and (est is None or dt < 5.0 * est) and extend < 1.0:
-                self.costs.observe(self._mode_prev, self._bs_prev, dt)
                 charged_to = self._mode_prev
+                disturbed = extend > 0.0 or held is not None
+                if disturbed and est is not None and self.costs.samples(self._mode_prev, self._bs_prev) >= MIN_SAMPLES:
+                    spill = max(dt - est, 0.0)
+                else:
+                    self.costs.observe(self._mode_prev, self._bs_prev, dt)
+            if held is not None:
+                self._observe_prefill(held, spill)
+                spill = 0.0
             if rows:
-                self.prefill.observe(charged_to, extend if extend < 1.0 else None, rows)
-        elif rows:
-            self.prefill.observe(None, 0.0, rows)
+                # Held for one step: the decode step after it is disturbed too (see _observe_prefill).
+                self._held = (charged_to, extend + spill if extend < 1.0 else None, rows)
+        else:
+            if held is not None:
+                self._observe_prefill(held, 0.0)
+            if rows:
+                self.prefill.observe(None, 0.0, rows)
         self._t_other = None
         self._rows_admitted = 0
         if self.step > 0:
@@ -255,6 +270,21 @@ class Controller:
         """The server was idle (or this is a new run): no interval spans this point."""
         self._t_prev = None
         self._t_other = None
+        if self._held is not None:
+            self._observe_prefill(self._held, 0.0)
+            self._held = None
+
+    def _observe_prefill(self, held: tuple[bool | None, float | None, int], spill: float) -> None:
+        """Record a prefill held since the step it was seen at, with ``spill``: what the decode
+        step after it took beyond that mode's estimate.
+
+        Admitting requests slows the decode steps around the prefill batches: the one it
+        interrupts (its scheduling of the new requests) and the next (the overlap pipeline
+        restarts).  On the H200 pair a plain bs-5 step took 9.9 and 5.9 ms there, 3.4 ms
+        elsewhere; as decode samples those two raised the estimate by ~20 % right after each
+        refill, which is when a plain trial ends and is judged.  They are the prefill's cost."""
+        on, seconds, rows = held
+        self.prefill.observe(on, None if seconds is None else seconds + spill, rows)
 
     def on_result(self, decode_bs: int, accepted_drafts: int) -> None:
         """Accepted drafts of one speculative step (from the scheduler; rank-identical)."""

@@ -85,6 +85,9 @@ class CostTable:
         m = 1 if on else 0
         return self.time[m][b] if self.count[m][b] else None
 
+    def samples(self, on: bool, bs: int) -> int:
+        return self.count[1 if on else 0][bucket(min(bs, MAX_BS))]
+
     def to_vector(self) -> list[float]:
         """Flat vector for a SUM all-reduce: (time*has, bs*has, has, count) per mode and bucket."""
         out: list[float] = []

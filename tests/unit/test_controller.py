@@ -49,21 +49,21 @@ def test_step_costs_measured_from_intervals_and_agreed():
 def test_prefill_time_is_charged_per_request_to_the_previous_mode_idle_time_is_not():
     clock = Clock()
     c = Controller(build_policy("always", {}), clock=clock, sync_interval=1)
-    for _ in range(5):  # speculative steps of 10 ms, 3 tokens each (2 drafts accepted of 1 row)
+    for _ in range(6):  # speculative steps of 10 ms, 3 tokens each (2 drafts accepted of 1 row)
         c.on_decode(1)
         c.on_result(1, 2)
         clock.t += 0.010
-    assert c.costs.estimate_local(True, 1) == pytest.approx(0.010)
-    c.on_decode(1)
-    c.on_result(1, 2)
-    clock.t += 0.010
+    assert c.costs.count[1][1] == 5 and c.costs.estimate_local(True, 1) == pytest.approx(0.010)
     c.on_other(2)  # a prefill of two requests, 20 ms, between two decode steps
     clock.t += 0.020
     c.on_other(1)  # a second one: still the same interval
     clock.t += 0.010
     c.on_decode(1)
-    # the decode step keeps its 10 ms; the 30 ms are one prefill of 3 requests after an `on` step
-    assert c.costs.count[1][1] == 6 and c.costs.estimate_local(True, 1) == pytest.approx(0.010)
+    clock.t += 0.010
+    c.on_decode(1)
+    # the decode steps around the prefill are no samples; the 30 ms are one prefill of 3 requests
+    # after an `on` step, recorded one step late (the step after it may carry some of its cost)
+    assert c.costs.count[1][1] == 5 and c.costs.estimate_local(True, 1) == pytest.approx(0.010)
     assert c.prefill.hist_req[1] == 3 and c.prefill.hist_batches[1] == 1 and c.prefill.hist_batches[0] == 0
     c._refresh_view()
     assert c.view.prefill_history(True) == pytest.approx(0.010)
@@ -75,14 +75,51 @@ def test_prefill_time_is_charged_per_request_to_the_previous_mode_idle_time_is_n
     c.on_other(4)
     clock.t += 0.040
     c.on_decode(1)
-    assert c.costs.count[1][1] == 6
+    clock.t += 0.010
+    c.on_decode(1)
+    assert c.costs.count[1][1] == 5
     assert c.prefill.hist_req[1] == 3  # the admission after the idle gap is no mode's
     assert c.prefill.count[4] == 1  # but its time tells what a batch of 4 costs
     # A new run after idling: no interval spans it.
     c.on_idle()
     clock.t += 0.003
     c.on_decode(1)
-    assert c.costs.count[1][1] == 6
+    assert c.costs.count[1][1] == 5
+
+
+def test_decode_steps_slowed_by_a_prefill_are_charged_to_it_not_to_decode():
+    """H200 pair, plain decode at bs 5 (pair1i-row1 trace, steps 3004-3005): 3.4 ms steps, then a
+    prefill of the 5 requests that replaced a finished cohort (74 ms), whose interrupted step took
+    9.9 ms and the next 5.9 ms.  As decode samples those raised the bs-5 estimate to 4.1 ms just as
+    the plain trial ended and was judged, and the policy speculated where plain decode made 11 %
+    more.  Their excess over the estimate belongs to the prefill."""
+    clock = Clock()
+    c = Controller(build_policy("never", {}), clock=clock, sync_interval=1)
+    for _ in range(40):
+        c.on_decode(5)
+        clock.t += 0.0034
+    clock.t += 0.0099 - 0.0034  # the interrupted step
+    c.on_other(5)
+    clock.t += 0.074
+    c.on_decode(5)
+    clock.t += 0.0059  # the step after it
+    c.on_decode(5)
+    for _ in range(5):
+        clock.t += 0.0034
+        c.on_decode(5)
+    assert c.costs.estimate_local(False, 5) == pytest.approx(0.0034)
+    assert c.prefill.time[5] == pytest.approx(0.074 + (0.0099 - 0.0034) + (0.0059 - 0.0034))
+    assert c.prefill.stretch_req[0] == 5
+    # While a batch size has fewer than MIN_SAMPLES samples, every interval is one (nothing to
+    # compare with): a load that prefills at every step still gets its decode steps timed.  After
+    # that, its disturbed steps are not samples.
+    c2 = Controller(build_policy("never", {}), clock=clock, sync_interval=1)
+    for _ in range(7):
+        c2.on_decode(7)
+        clock.t += 0.003
+        c2.on_other(1)
+        clock.t += 0.020
+    assert c2.costs.samples(False, 7) == 3
 
 
 def test_off_steps_count_their_tokens_and_a_burst_that_grows_the_batch_restarts_the_plain_stretch():
@@ -94,16 +131,22 @@ def test_off_steps_count_their_tokens_and_a_burst_that_grows_the_batch_restarts_
     c.on_other(2)  # two requests: no new load (2 < 4)
     clock.t += 0.020
     c.on_decode(8)
-    assert c.prefill.stretch_req[0] == 2 and c.prefill.rate_tok == 80
+    clock.t += 0.004
+    c.on_decode(8)  # a prefill is recorded at the step after the one it preceded
+    assert c.prefill.stretch_req[0] == 2 and c.prefill.rate_tok == 88
     clock.t += 0.004
     c.on_other(8)  # the whole batch replaced: a refill of the same load, the stretch goes on
     clock.t += 0.040
+    c.on_decode(8)
+    clock.t += 0.004
     c.on_decode(8)
     assert c.prefill.stretch_req[0] == 10 and c.prefill.stretch_batches[0] == 2
     assert c.prefill.hist_req[0] == pytest.approx(2 * (1 - 1 / 32) + 8)
     clock.t += 0.004
     c.on_other(8)  # eight more at once: the batch doubles, a burst, the plain stretch restarts with it
     clock.t += 0.040
+    c.on_decode(16)
+    clock.t += 0.004
     c.on_decode(16)
     assert c.prefill.stretch_req[0] == 8 and c.prefill.stretch_batches[0] == 1
     c.on_decode(16)
