@@ -3,8 +3,10 @@
 Grammar: ``<kind>[@<variant>[+<variant>...]]`` where kind is ``off`` (no speculation), ``on``
 (static EAGLE-3) or ``dynspec:<policy>`` (EAGLE-3 with the plugin deciding per batch).
 Variants: ``topk1`` (default: topk 1, 3 draft tokens), ``topk4`` (topk 4, 16 draft tokens),
-``nooverlap`` (--disable-overlap-schedule), ``v1`` (SGLANG_ENABLE_SPEC_V2=0, 0.5.12 only).
-Examples: ``off``, ``off@nooverlap``, ``on@topk4``, ``dynspec:random@topk4``.
+``nooverlap`` (--disable-overlap-schedule), ``v1`` (SGLANG_ENABLE_SPEC_V2=0, 0.5.12 only),
+``bare`` (dynspec modes only: no decision trace, stats file or Prometheus metrics, to tell the
+plugin's hooks from what it writes; a run that traces all servers still leaves this one out).
+Examples: ``off``, ``off@nooverlap``, ``on@topk4``, ``dynspec:random@topk4``, ``dynspec:always@bare``.
 Per-mode policy arguments go in parentheses, ``;``-separated, values parsed as JSON when they
 parse (else kept as strings): ``dynspec:threshold(n=5;band=1)@topk4``.  They replace the
 run-wide ``--policy-args`` for that mode.
@@ -23,7 +25,7 @@ SPEC_SHAPES = {
     "topk1": {"topk": 1, "num_steps": 2, "num_draft_tokens": 3},
     "topk4": {"topk": 4, "num_steps": 2, "num_draft_tokens": 16},
 }
-VARIANTS = set(SPEC_SHAPES) | {"nooverlap", "v1"}
+VARIANTS = set(SPEC_SHAPES) | {"nooverlap", "v1", "bare"}
 _POLICY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 # Flags measured to work on the H200 bundle (see shared/gpu/README.md); piecewise CUDA graphs
@@ -64,6 +66,10 @@ class Mode:
     def overlap(self) -> bool:
         return "nooverlap" not in self.variants
 
+    @property
+    def bare(self) -> bool:
+        return "bare" in self.variants
+
 
 def parse_mode(name: str) -> Mode:
     if not isinstance(name, str) or not name.strip():
@@ -79,6 +85,8 @@ def parse_mode(name: str) -> Mode:
     if base in ("off", "on"):
         if base == "off" and any(v in SPEC_SHAPES or v == "v1" for v in variants):
             raise ValueError(f"mode {name!r}: 'off' takes only the 'nooverlap' variant")
+        if "bare" in variants:
+            raise ValueError(f"mode {name!r}: 'bare' is for dynspec modes (stock servers write nothing)")
         return Mode(name, base, None, variants)
     if base.startswith("dynspec:"):
         policy = base[len("dynspec:"):]
@@ -155,7 +163,7 @@ def build_server_spec(mode: Mode, cfg: ServerConfig, port: int) -> ServerSpec:
         args += ["--enable-deterministic-inference"]
     if not mode.overlap:
         args += ["--disable-overlap-schedule"]
-    env: dict[str, str] = {}
+    env: dict[str, str | None] = {}
     if mode.speculative:
         if not cfg.draft:
             raise ValueError(f"mode {mode.name!r} needs ServerConfig.draft (EAGLE-3 draft model path)")
@@ -175,7 +183,10 @@ def build_server_spec(mode: Mode, cfg: ServerConfig, port: int) -> ServerSpec:
         pargs = mode.policy_args if mode.policy_args is not None else cfg.policy_args
         if pargs:
             env["SGLANG_DYNSPEC_POLICY_ARGS"] = json.dumps(pargs, sort_keys=True)
-        if cfg.stats_root:
+        if mode.bare:
+            env["SGLANG_DYNSPEC_METRICS"] = "0"
+            env["SGLANG_DYNSPEC_TRACE_FILE"] = None  # unset, also where the run exports one for all servers
+        elif cfg.stats_root:
             env["SGLANG_DYNSPEC_STATS_DIR"] = stats_dir_for(cfg.stats_root, mode.name)
     args += list(cfg.extra_flags)
     # Optional flags go in first; ServerProcess.start drops them on a failed first attempt.

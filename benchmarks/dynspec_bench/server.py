@@ -41,7 +41,7 @@ class ServerSpec:
 
     name: str
     args: list[str]
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str | None] = field(default_factory=dict)  # None: unset
     port: int = 30000
     host: str = "127.0.0.1"
     # Flags that may be dropped (once) if the first start fails, e.g. untried speed-ups.
@@ -124,7 +124,11 @@ class ServerProcess:
         self._log_file.write(f"\n=== launch {time.strftime('%H:%M:%S')}: {' '.join(cmd)}\n".encode())
         self._log_file.flush()
         env = dict(os.environ)
-        env.update(self.spec.env)
+        for key, value in self.spec.env.items():
+            if value is None:  # unset what this process's environment would pass on
+                env.pop(key, None)
+            else:
+                env[key] = value
         # A new session makes the server the leader of its own process group, so
         # stop() reaches the scheduler/detokenizer children too.
         self.proc = subprocess.Popen(

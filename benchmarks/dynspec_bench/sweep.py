@@ -281,7 +281,7 @@ class Sweep:
                 "num_draft_tokens": shape.get("num_draft_tokens"), "overlap": m.overlap}
 
     def _stats_dir(self, m: Mode) -> str | None:
-        if m.kind != "dynspec" or not self.cfg.server.stats_root:
+        if m.kind != "dynspec" or m.bare or not self.cfg.server.stats_root:
             return None
         return stats_dir_for(self.cfg.server.stats_root, m.name)
 

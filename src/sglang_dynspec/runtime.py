@@ -45,6 +45,14 @@ class WorkerState:
         self.optout_rids: set = set()  # requests that asked for no speculation, still possibly running
         self.optout_absent: set = set()  # opt-outs not seen in any queue at the last check
         self.optout_not_honoured = 0  # opted-out batches the adapter could not run without speculation
+        # CPU seconds and calls spent in dynspec's own code per hook (SGLang's calls and off-steps
+        # excluded): what the plugin adds to a step where it decides nothing (stats file).
+        self.hook_cpu = dict.fromkeys(HOOK_NAMES, 0.0)
+        self.hook_calls = dict.fromkeys(HOOK_NAMES, 0)
+
+    def spent(self, hook: str, since: float) -> None:
+        self.hook_cpu[hook] += time.perf_counter() - since
+        self.hook_calls[hook] += 1
 
     def took_off_result(self, result) -> bool:
         """Whether ``result`` came from an off-step (forgotten once asked: one hook call per result)."""
@@ -58,6 +66,10 @@ class WorkerState:
         c = self.controller.stats
         # lifetime mean over speculative steps only (off-steps excluded), for resume checks
         s["accept_length_on_steps"] = 1.0 + c["accepted_drafts"] / c["spec_rows"] if c["spec_rows"] else None
+        s["hook_cpu_s"] = {k: round(v, 6) for k, v in self.hook_cpu.items()}
+        s["hook_calls"] = dict(self.hook_calls)
+        steps = c["decode_steps"]
+        s["hook_cpu_us_per_decode_step"] = round(1e6 * sum(self.hook_cpu.values()) / steps, 2) if steps else None
         v = self.controller.view
         bs = self.controller.last_decode_bs
         if v is not None and bs:
@@ -69,6 +81,8 @@ class WorkerState:
             s["requests_per_token"] = v.requests_per_token()
         return s
 
+
+HOOK_NAMES = ("forward", "result", "graph_guard", "generate")
 
 STATE: WorkerState | None = None
 SETTINGS: DynspecSettings | None = None  # set by activation before any hook can run
@@ -202,6 +216,7 @@ def _forward(original, worker, batch, *args, **kwargs):
     st = STATE
     if st is None or st.worker is not worker or st.adapter is None:
         return original(worker, batch, *args, **kwargs)
+    t0 = time.perf_counter()
     adapter = st.adapter
     ctl = st.controller
     bs = adapter.decode_batch_size(worker, batch)
@@ -213,6 +228,7 @@ def _forward(original, worker, batch, *args, **kwargs):
         if st.optout_rids and fm is not None and fm.is_decode() and _has_optout(st, batch, rb):
             # a decode batch the adapter declines (e.g. logprobs on spec_v2) speculates anyway
             st.optout_not_honoured += 1
+        st.spent("forward", t0)
         return original(worker, batch, *args, **kwargs)
     running = len(rb.reqs) if rb is not None and rb.reqs is not None else 0
     waiting = len(getattr(sched, "waiting_queue", ()) or ())
@@ -223,6 +239,7 @@ def _forward(original, worker, batch, *args, **kwargs):
     mode = ctl.step_mode(bs, running, waiting, force_off=force_off, resume_pending=adapter.resume_pending(worker))
     if st.stats_writer is not None or st.prometheus is not None:
         _report(st)
+    st.spent("forward", t0)  # the decision; an off-step's own work is the step, timed as one
     if mode is StepMode.ON:
         return original(worker, batch, *args, **kwargs)
     result = adapter.forward_off(worker, batch, mode, *args, **kwargs)
@@ -272,8 +289,10 @@ def after_handle_generate(ret, scheduler, recv_req, *args, **kwargs):
     st = STATE
     if st is None:
         return None
+    t0 = time.perf_counter()
     if compat.request_opts_out(recv_req):
         st.optout_rids.add(recv_req.rid)
+    st.spent("generate", t0)
     return None
 
 
@@ -284,23 +303,26 @@ def around_graph_can_run(original, runner, forward_batch, *args, **kwargs):
     ``bs * num_draft_tokens``; replaying one for an off-step decode fails with shape errors
     ("tensor a (160) must match tensor b (2)").  Everything else defers to SGLang.
     """
+    st = STATE
+    t0 = time.perf_counter()
     mode = getattr(forward_batch, "forward_mode", None)
     captured = getattr(runner, "capture_forward_mode", None)
-    if mode is not None and captured is not None and mode.is_decode() and captured.is_target_verify():
-        return False
-    return original(runner, forward_batch, *args, **kwargs)
+    refuse = mode is not None and captured is not None and mode.is_decode() and captured.is_target_verify()
+    if st is not None:
+        st.spent("graph_guard", t0)
+    return False if refuse else original(runner, forward_batch, *args, **kwargs)
 
 
 def after_process_decode(ret, processor, batch, result, *args, **kwargs):
     st = STATE
     if st is None:
         return None
-    if st.took_off_result(result) or st.accepted_field is None:
-        return None
-    n = getattr(result, st.accepted_field, None)
-    if n is None:
-        return None
-    st.controller.on_result(batch.batch_size(), int(n))
+    t0 = time.perf_counter()
+    if not st.took_off_result(result) and st.accepted_field is not None:
+        n = getattr(result, st.accepted_field, None)
+        if n is not None:
+            st.controller.on_result(batch.batch_size(), int(n))
+    st.spent("result", t0)
     return None
 
 

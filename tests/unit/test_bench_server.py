@@ -118,3 +118,16 @@ def test_spec_validation_and_prometheus_parse():
         ServerSpec(name="x", args=[], port=70000)
     m = parse_prometheus('# HELP a\nsglang:x{a="1"} 2.5\nbad line\nsglang:y 3\n')
     assert m == {'sglang:x{a="1"}': 2.5, "sglang:y": 3.0}
+
+
+def test_an_env_value_of_none_unsets_what_the_harness_inherited(tmp_path, monkeypatch):
+    # A `@bare` dynspec mode unsets the run-wide SGLANG_DYNSPEC_TRACE_FILE this way.
+    monkeypatch.setenv("FAKE_SGLANG_DIE_IF_FLAG", "--some-flag")
+    dies = fake_spec("inherits", tmp_path, extra_args=["--some-flag"])
+    with pytest.raises(ServerStartError):
+        with ServerProcess(dies, tmp_path, grace_s=5) as srv:
+            srv.start(30)
+    unset = fake_spec("unsets", tmp_path, {"FAKE_SGLANG_DIE_IF_FLAG": None}, extra_args=["--some-flag"])
+    with ServerProcess(unset, tmp_path, grace_s=5) as srv:
+        srv.start(30)
+        assert srv.alive()

@@ -45,6 +45,12 @@ def test_server_spec_flags_and_env():
     assert dyn.env["SGLANG_DYNSPEC_STATS_DIR"].startswith("/s/")
     assert dyn.optional_flags == ["--disable-piecewise-cuda-graph", "--sleep-on-idle"]
     assert a[-2:] == ["--disable-piecewise-cuda-graph", "--sleep-on-idle"]
+    bare = build_server_spec(parse_mode("dynspec:always@bare"), cfg, 31002)
+    assert bare.env["SGLANG_DYNSPEC_METRICS"] == "0" and bare.env["SGLANG_DYNSPEC_TRACE_FILE"] is None
+    assert "SGLANG_DYNSPEC_STATS_DIR" not in bare.env and bare.args == build_server_spec(
+        parse_mode("dynspec:always"), cfg, 31002).args
+    with pytest.raises(ValueError, match="for dynspec modes"):
+        parse_mode("on@bare")
     with pytest.raises(ValueError, match="draft"):
         build_server_spec(parse_mode("on"), ServerConfig(model="/m"), 1)
     with pytest.raises(ValueError, match="model"):
