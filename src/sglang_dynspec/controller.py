@@ -63,6 +63,9 @@ class StepRecord:
     result_rows: int = 0
     result_accepted: int = 0
     verify_rows: int | None = None  # the controller's (a trace records it once, for its re-drive)
+    # each result's (rows, accepted drafts) when more than one arrived since the previous decode
+    # step: acceptance is averaged per result, so their sum alone does not replay it
+    results: tuple[tuple[int, int], ...] | None = None
 
 
 # A single decide() this many times over its deadline is a hang, not a hiccup.
@@ -138,6 +141,7 @@ class Controller:
         # rows and accepted drafts of the speculative results since the previous decode step (trace only)
         self._result_rows = 0
         self._result_accepted = 0
+        self._results: list[tuple[int, int]] = []
         self._explain = getattr(policy, "explain", None)
 
         self.stats = {
@@ -237,11 +241,13 @@ class Controller:
         if hook is not None:
             rec = StepRecord(self.step - 1, decode_bs, running, waiting, decision, switched,
                              self.failed is not None, self.accept_length, self.estimates(), rows, extend,
-                             now, self._result_rows, self._result_accepted, self.verify_rows)
+                             now, self._result_rows, self._result_accepted, self.verify_rows,
+                             tuple(self._results) if len(self._results) > 1 else None)
             hook.dynspec_decision(record=rec)
             if switched:
                 hook.dynspec_switch(record=rec)
         self._result_rows = self._result_accepted = 0
+        self._results.clear()
         if not decision:
             mode = StepMode.OFF
         elif resume_pending:
@@ -294,6 +300,8 @@ class Controller:
         self.stats["spec_rows"] += decode_bs
         self._result_rows += decode_bs
         self._result_accepted += accepted_drafts
+        if self.hook is not None:
+            self._results.append((decode_bs, accepted_drafts))
         self.prefill.add_tokens(decode_bs + accepted_drafts)
         sample = 1.0 + accepted_drafts / decode_bs
         self.accept_length += self.accept_weight(decode_bs) * (sample - self.accept_length)

@@ -136,6 +136,8 @@ class TraceObserver:
             f'"prefill_ms":{record.prefill_s * 1e3:.3f},"res_rows":{record.result_rows},'
             f'"res_acc":{record.result_accepted}{extra}'
         )
+        if record.results:
+            line += ',"res":' + json.dumps([list(r) for r in record.results], separators=(",", ":"))
         # The first line also carries what the re-drive needs beyond the steps.
         line += f',"vr":{json.dumps(record.verify_rows)}}}\n' if self._written == 0 else "}\n"
         self._written += len(line)

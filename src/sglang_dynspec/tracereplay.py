@@ -332,7 +332,10 @@ def redrive(rows: list[dict], policy: str, policy_args: dict | None = None,
     out = []
     for i, r in enumerate(rows):
         # (no on_idle at pauses: the server has none; its controller drops long intervals itself)
-        if exact and r.get("res_rows"):
+        if exact and r.get("res"):  # several results since the previous step, each a sample
+            for rows_, acc in r["res"]:
+                ctl.on_result(int(rows_), int(acc))
+        elif exact and r.get("res_rows"):
             ctl.on_result(int(r["res_rows"]), int(r["res_acc"]))
         if r.get("new"):
             clock.t = r["t"] - (r.get("prefill_ms") or 0.0) / 1e3

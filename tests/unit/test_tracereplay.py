@@ -131,7 +131,11 @@ def _traced_run(tmp_path, policy="goodput"):
             on = mode is StepMode.ON
             clock.t += (0.0060 + 0.00030 * bs) if on else (0.0033 + 0.00004 * bs)
             made = [1 + (rng.randint(0, 2) if on else 0) for _ in left]
-            if on:
+            if on and bs > 1 and ctl.step % 37 == 0:
+                # two results before the next step (as around a prefill): two acceptance samples
+                ctl.on_result(1, made[0] - 1)
+                ctl.on_result(bs - 1, sum(made[1:]) - (bs - 1))
+            elif on:
                 ctl.on_result(bs, sum(made) - bs)
             left = [n - m for n, m in zip(left, made)]
             done = sum(n <= 0 for n in left)
@@ -154,8 +158,14 @@ def test_a_server_trace_redriven_with_its_policy_gives_its_decisions(tmp_path):
     assert len(rows) == ctl.stats["decode_steps"] and rows[0]["t"] == pytest.approx(1000.0 + 0.028)
     # the first line alone carries the controller's verify rows, which the re-drive takes from it
     assert rows[0]["vr"] == 3 and not any("vr" in r for r in rows[1:])
+    # steps after two results carry each of them, the others only their sums
+    split = [r for r in rows if "res" in r]
+    assert split and all(len(r["res"]) == 2 and sum(x[0] for x in r["res"]) == r["res_rows"] for r in split)
     res = redrive(rows, "goodput")
     assert res.exact_acceptance and res.agreement == 1.0
+    # ... and the same figures behind each decision, not only the same decisions
+    keys = ("on_tok_s", "off_tok_s", "why")
+    assert [{k: r.get(k) for k in keys} for r in rows] == [{k: s.estimates.get(k) for k in keys} for s in res.steps]
     assert ctl.stats["switches"] >= 2 and sum(s.decided for s in res.steps) == ctl.stats["steps_on"]
     assert [len(r) for r in res.runs()] == [1500, 1500, 1500]  # the idle gaps split the loads
     # another policy at the same inputs: what it would have decided there
