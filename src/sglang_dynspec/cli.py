@@ -424,24 +424,21 @@ def _replay_profile(args, policy_args) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    try:
-        val = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if val < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return val
-
-
-def _positive_ints(text: str) -> list[int]:
+def _positive_ints(text: str, what: str = "concurrency levels") -> list[int]:
     try:
         vals = [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"concurrency levels must be >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"{what} must be >= 1, got {text!r}")
     return vals
+
+
+def _positive_int(text: str) -> int:
+    vals = _positive_ints(text, "the value")
+    if len(vals) != 1:
+        raise argparse.ArgumentTypeError(f"expected one integer, got {text!r}")
+    return vals[0]
 
 
 def main(argv=None) -> int:

@@ -138,9 +138,7 @@ class Controller:
         self._rows_admitted = 0  # requests prefilled since the previous decode step (rank-identical)
         # a prefill seen at the last decode step, recorded at the next (charged mode, seconds, rows)
         self._held: tuple[bool | None, float | None, int] | None = None
-        # rows and accepted drafts of the speculative results since the previous decode step (trace only)
-        self._result_rows = 0
-        self._result_accepted = 0
+        # (rows, accepted drafts) of each speculative result since the previous decode step (trace only)
         self._results: list[tuple[int, int]] = []
         self._explain = getattr(policy, "explain", None)
 
@@ -239,14 +237,14 @@ class Controller:
 
         hook = self.hook
         if hook is not None:
+            res = self._results
             rec = StepRecord(self.step - 1, decode_bs, running, waiting, decision, switched,
                              self.failed is not None, self.accept_length, self.estimates(), rows, extend,
-                             now, self._result_rows, self._result_accepted, self.verify_rows,
-                             tuple(self._results) if len(self._results) > 1 else None)
+                             now, sum(r for r, _ in res), sum(a for _, a in res), self.verify_rows,
+                             tuple(res) if len(res) > 1 else None)
             hook.dynspec_decision(record=rec)
             if switched:
                 hook.dynspec_switch(record=rec)
-        self._result_rows = self._result_accepted = 0
         self._results.clear()
         if not decision:
             mode = StepMode.OFF
@@ -298,10 +296,7 @@ class Controller:
             return
         self.stats["accepted_drafts"] += accepted_drafts
         self.stats["spec_rows"] += decode_bs
-        self._result_rows += decode_bs
-        self._result_accepted += accepted_drafts
-        if self.hook is not None:
-            self._results.append((decode_bs, accepted_drafts))
+        self._results.append((decode_bs, accepted_drafts))
         self.prefill.add_tokens(decode_bs + accepted_drafts)
         sample = 1.0 + accepted_drafts / decode_bs
         self.accept_length += self.accept_weight(decode_bs) * (sample - self.accept_length)

@@ -193,7 +193,10 @@ def test_server_trace_cli_and_its_errors(tmp_path, capsys):
     assert "decisions equal to the recorded ones: 100.00%" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["replay", "--server-trace", str(old), "--verify-rows", "0"])
-    assert "--verify-rows: must be >= 1" in capsys.readouterr().err
+    assert "--verify-rows: the value must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["replay", "--server-trace", str(old), "--verify-rows", "3,4"])
+    assert "--verify-rows: expected one integer" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"bs": 1, "t": 0.5}\n')
     assert main(["replay", "--server-trace", str(bad)]) == 2
