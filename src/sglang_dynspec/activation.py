@@ -36,6 +36,10 @@ def planned_hooks(version=None) -> list[Hook]:
         Hook(compat.graph_guard_target(version), "around", runtime.around_graph_can_run,
              "no verify-graph replay for an off-step decode"),
     ]
+    prefill_graph = compat.prefill_graph_target(version)
+    if prefill_graph is not None:
+        hooks.append(Hook(prefill_graph, "around", runtime.around_prefill_graph_can_run,
+                          "replay the target's prefill graph for EAGLE prefills"))
     if compat.has_v1_worker(version):
         hooks.append(Hook(compat.V1_FORWARD, "around", runtime.around_v1_forward, "decide per decode batch (v1)"))
     return hooks

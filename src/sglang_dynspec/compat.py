@@ -64,6 +64,13 @@ GRAPH_CAN_RUN_OLD = "sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner
 GRAPH_CAN_RUN_NEW = (
     "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph"
 )
+# 0.5.11-0.5.13 capture the target's piecewise prefill graph with no hidden-state output, then refuse
+# it to every batch asking for hidden states - every EAGLE target prefill: it is captured, never replayed.
+# From 0.5.14 SGLang decides this itself (eager, or breakable graphs captured for hidden states).
+PREFILL_GRAPH_CAN_RUN = (
+    "sglang.srt.model_executor.piecewise_cuda_graph_runner.PiecewiseCudaGraphRunner.can_run"
+)
+FIRST_PREFILL_GRAPH_MODE_CHECK = Version("0.5.11")  # 0.5.9 replays it for EAGLE prefills as is
 SERVER_ARGS_ADD_CLI = "sglang.srt.server_args.ServerArgs.add_cli_args"
 SERVER_ARGS_FROM_CLI = "sglang.srt.server_args.ServerArgs.from_cli_args"
 
@@ -137,6 +144,14 @@ def result_decode_target(v: Version | None = None) -> str:
 def graph_guard_target(v: Version | None = None) -> str:
     v = sglang_version() if v is None else v
     return GRAPH_CAN_RUN_NEW if v is not None and base_version(v) >= FIRST_SPLIT_GRAPH_RUNNERS else GRAPH_CAN_RUN_OLD
+
+
+def prefill_graph_target(v: Version | None = None) -> str | None:
+    """The piecewise prefill graph's ``can_run`` where it refuses EAGLE prefills; None elsewhere."""
+    v = sglang_version() if v is None else v
+    if v is None or not FIRST_PREFILL_GRAPH_MODE_CHECK <= base_version(v) < FIRST_SPLIT_GRAPH_RUNNERS:
+        return None
+    return PREFILL_GRAPH_CAN_RUN
 
 
 def target_graph_runner_class():

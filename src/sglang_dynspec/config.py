@@ -74,6 +74,11 @@ class DynspecSettings(BaseSettings):
     offstep_graphs: Flag = Field(
         True, description="Capture CUDA graphs for off-steps where the worker path supports it."
     )
+    target_prefill_graph: Flag = Field(
+        True,
+        description="SGLang 0.5.11-0.5.13: replay the target's piecewise prefill CUDA graph for EAGLE "
+        "prefills (those releases capture it, then prefill eagerly when speculation is configured).",
+    )
     offstep_draft_sync: Literal["light", "full"] = Field(
         "light",
         description=(

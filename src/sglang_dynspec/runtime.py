@@ -49,6 +49,7 @@ class WorkerState:
         # excluded): what the plugin adds to a step where it decides nothing (stats file).
         self.hook_cpu = dict.fromkeys(HOOK_NAMES, 0.0)
         self.hook_calls = dict.fromkeys(HOOK_NAMES, 0)
+        self.prefill_graph_replays = 0  # EAGLE prefills that replayed the target's prefill graph
 
     def spent(self, hook: str, since: float) -> None:
         self.hook_cpu[hook] += time.perf_counter() - since
@@ -68,6 +69,7 @@ class WorkerState:
         s["accept_length_on_steps"] = 1.0 + c["accepted_drafts"] / c["spec_rows"] if c["spec_rows"] else None
         s["hook_cpu_s"] = {k: round(v, 6) for k, v in self.hook_cpu.items()}
         s["hook_calls"] = dict(self.hook_calls)
+        s["prefill_graph_replays"] = self.prefill_graph_replays
         steps = c["decode_steps"]
         s["hook_cpu_us_per_decode_step"] = round(1e6 * sum(self.hook_cpu.values()) / steps, 2) if steps else None
         v = self.controller.view
@@ -82,7 +84,7 @@ class WorkerState:
         return s
 
 
-HOOK_NAMES = ("forward", "result", "graph_guard", "generate")
+HOOK_NAMES = ("forward", "result", "graph_guard", "generate", "prefill_graph")
 
 STATE: WorkerState | None = None
 SETTINGS: DynspecSettings | None = None  # set by activation before any hook can run
@@ -311,6 +313,49 @@ def around_graph_can_run(original, runner, forward_batch, *args, **kwargs):
     if st is not None:
         st.spent("graph_guard", t0)
     return False if refuse else original(runner, forward_batch, *args, **kwargs)
+
+
+def around_prefill_graph_can_run(original, runner, forward_batch, *args, **kwargs):
+    """Let an EAGLE target prefill replay the piecewise prefill graph (SGLang 0.5.11-0.5.13).
+
+    Those releases capture the graph without hidden states and refuse it to any batch that asks for
+    them, which every EAGLE target prefill does: a speculative server prefills eagerly where a plain
+    one replays graphs (~2x slower for ten 256-token prompts on the H200 pair, and it is what an
+    off-step server loses against a plain one). The replayed layers do not depend on that mode: the
+    hidden states, EAGLE-3's auxiliary layers included (set before capture), are graph outputs, and
+    the logits processor that gathers them runs eagerly after the replay with the batch's own mode,
+    as SGLang's --enable-return-hidden-states relies on. So the check is made against the batch's mode.
+    """
+    st = STATE
+    t0 = time.perf_counter()
+    wanted = getattr(forward_batch, "capture_hidden_mode", None)
+    captured = getattr(runner, "capture_hidden_mode", None)
+    settings = SETTINGS
+    lift = (
+        settings is not None and settings.target_prefill_graph
+        and wanted is not None and captured is not None
+        and getattr(wanted, "name", None) == "FULL" and getattr(captured, "name", None) == "NULL"
+        and _is_eagle_target(getattr(runner, "model_runner", None))
+    )
+    if st is not None:
+        st.spent("prefill_graph", t0)
+    if not lift:
+        return original(runner, forward_batch, *args, **kwargs)
+    # The scheduler thread is the only caller: the swap is not seen by anyone else.
+    runner.capture_hidden_mode = wanted
+    try:
+        ok = original(runner, forward_batch, *args, **kwargs)
+    finally:
+        runner.capture_hidden_mode = captured
+    if ok and st is not None:
+        st.prefill_graph_replays += 1
+    return ok
+
+
+def _is_eagle_target(model_runner) -> bool:
+    algo = getattr(model_runner, "spec_algorithm", None)
+    return (model_runner is not None and not getattr(model_runner, "is_draft_worker", True)
+            and algo is not None and bool(algo.is_eagle()))
 
 
 def after_process_decode(ret, processor, batch, result, *args, **kwargs):

@@ -20,6 +20,9 @@ def test_targets_follow_release():
     assert compat.graph_guard_target(Version("0.5.14")) == compat.GRAPH_CAN_RUN_NEW
     assert compat.has_v1_worker(Version("0.5.12")) and not compat.has_v1_worker(Version("0.5.13"))
     assert compat.has_plugin_framework(Version("0.5.11"))
+    prefill = {v: compat.prefill_graph_target(Version(v)) for v in ("0.5.9", "0.5.11", "0.5.13.post2", "0.5.14")}
+    assert prefill == {"0.5.9": None, "0.5.11": compat.PREFILL_GRAPH_CAN_RUN,
+                       "0.5.13.post2": compat.PREFILL_GRAPH_CAN_RUN, "0.5.14": None}
 
 
 def test_doctor_refuses_unsupported_release(monkeypatch, capsys):
