@@ -356,3 +356,35 @@ def test_goodput_dwell_ends_when_the_batch_doubles_or_halves():
     assert p.decide(inputs(bs=64, prev=True, dwell=3, acc=2.4, samples=100, costs=v)) is False
     assert p.explain()["why"] == "model"
 
+
+
+def test_goodput_rechecks_speculation_soon_after_leaving_it_for_a_slower_step_only():
+    # bs 1, accept 2.4: speculation at 7.3 ms a step (3.0 ms a token) beats plain decode at 4.8 ms,
+    # until a burst of slow steps puts its estimate at 13 ms (5.5 ms a token; pair1k-row1, C=1).
+    calm, slow = view(lambda b: 7.3, lambda b: 4.8), view(lambda b: 13.2, lambda b: 4.8)
+    p = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
+    step, prev, dwell, whys = 0, True, 50, []
+
+    def feed(costs, n, acc=2.4):
+        nonlocal step, prev, dwell
+        out = []
+        for _ in range(n):
+            d = p.decide(inputs(step=step, bs=1, prev=prev, dwell=dwell, acc=acc, samples=100, costs=costs))
+            dwell, prev, step = dwell + 1 if d == prev else 1, d, step + 1
+            out.append(d)
+            whys.append(p.explain()["why"])
+        return out
+
+    assert all(feed(calm, 40))
+    left = feed(slow, 40)
+    assert left[-1] is False  # the slow estimate loses: plain decode
+    off_at = step - left[::-1].index(True)
+    after = feed(slow, 100)
+    # one probe, reprobe_near plain steps after the switch, although plain still leads by 45 %
+    assert whys.count("recheck") == 1 and after.index(True) + (step - 100) - off_at == 64
+    # a switch decided by acceptance owes none: the step time did not move
+    q = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
+    p, step, prev, dwell, whys = q, 0, True, 50, []
+    assert all(feed(calm, 40))
+    assert feed(calm, 40, acc=1.2)[-1] is False
+    assert not any(feed(calm, 200, acc=1.2)) and "recheck" not in whys

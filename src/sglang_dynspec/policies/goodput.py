@@ -79,6 +79,10 @@ class Goodput:
         self._probe_at: int | None = None  # step of the last near-tie probe
         self._probe_misses = 0  # near-tie probes in a row that the model soon turned back (backs them off)
         self._why = "start"
+        # Lowest speculative step time per batch size in the current speculative stretch, and the
+        # step of a probe owed after a switch that a rise of that time decided (see _note_switch).
+        self._on_floor: dict[int, float] = {}
+        self._recheck_at: int | None = None
         self._c_on: float | None = None
         self._c_off: float | None = None
 
@@ -106,12 +110,24 @@ class Goodput:
             self._entry_bs = x.decode_bs
             self._reset_lead()  # a lead measured in the other mode is no evidence for this one
             if self._why == "model" and x.previous is not None:
-                self._note_switch(x.step, d)
+                self._note_switch(x, d)
+            if d:
+                self._on_floor = {}
+        if d and x.previous and x.steps_in_mode >= self.min_dwell and x.costs is not None:
+            # after the dwell: by then the estimate is this stretch's own (restarted on entry)
+            t = x.costs.estimate(True, x.decode_bs)
+            if t is not None and t < self._on_floor.get(x.decode_bs, math.inf):
+                self._on_floor[x.decode_bs] = t
         return d
 
-    def _note_switch(self, step: int, d: bool) -> None:
+    def _note_switch(self, x: StepInputs, d: bool) -> None:
         """A switch the model chose: one that reverses a recent one doubles the wait of the next
-        (``_flips``); one back to plain soon after a near-tie probe backs the next probe off."""
+        (``_flips``); one back to plain soon after a near-tie probe backs the next probe off.
+        One to plain because the speculative step itself got slower (not acceptance or batch
+        size) owes a probe after ``reprobe_near`` steps: the slowdown may have hit any step (a
+        burst of 2x steps for 0.4 s at C=1 on the H200, pair1k), and its estimate is not measured
+        again until speculation runs."""
+        step = x.step
         soon = self._last_switch is not None and step - self._last_switch < FLIP_WINDOW
         self._flips = min(self._flips + 1, MAX_FLIPS) if soon else 0
         self._last_switch = step
@@ -119,6 +135,11 @@ class Goodput:
             refuted = step - self._probe_at < FLIP_WINDOW
             self._probe_misses = min(self._probe_misses + 1, MAX_FLIPS) if refuted else 0
             self._probe_at = None
+        if not d:
+            floor = self._on_floor.get(x.decode_bs)
+            now = x.costs.estimate(True, x.decode_bs) if x.costs is not None else None
+            rose = floor is not None and now is not None and now > (1.0 + 2.0 * self.margin) * floor
+            self._recheck_at = step + (self.reprobe_near << self._probe_misses) if rose else None
 
     def _decide(self, x: StepInputs) -> bool:
         prev = x.previous
@@ -164,6 +185,10 @@ class Goodput:
         if self._contest(False, g, c):
             return True
         why = self._why
+        if self._recheck_at is not None and x.step >= self._recheck_at:
+            self._recheck_at = None
+            self._probe_at = x.step
+            return self._say(True, "recheck", c)
         near_every = self.reprobe_near << self._probe_misses
         if x.steps_in_mode >= near_every and g > 1.0 - 2.0 * self.margin and x.steps_in_mode % near_every == 0:
             # A near tie decided off: the acceptance behind it may have been a dip (it is not
