@@ -5,7 +5,9 @@ Grammar: ``<kind>[@<variant>[+<variant>...]]`` where kind is ``off`` (no specula
 Variants: ``topk1`` (default: topk 1, 3 draft tokens), ``topk4`` (topk 4, 16 draft tokens),
 ``nooverlap`` (--disable-overlap-schedule), ``v1`` (SGLANG_ENABLE_SPEC_V2=0, 0.5.12 only),
 ``bare`` (dynspec modes only: no decision trace, stats file or Prometheus metrics, to tell the
-plugin's hooks from what it writes; a run that traces all servers still leaves this one out).
+plugin's hooks from what it writes; a run that traces all servers still leaves this one out),
+``nographs`` / ``eagerprefill`` (dynspec modes only: settings ``offstep_graphs`` /
+``target_prefill_graph`` off, to tell what each costs or brings beside the same policy).
 Examples: ``off``, ``off@nooverlap``, ``on@topk4``, ``dynspec:random@topk4``, ``dynspec:always@bare``.
 Per-mode policy arguments go in parentheses, ``;``-separated, values parsed as JSON when they
 parse (else kept as strings): ``dynspec:threshold(n=5;band=1)@topk4``.  They replace the
@@ -25,7 +27,13 @@ SPEC_SHAPES = {
     "topk1": {"topk": 1, "num_steps": 2, "num_draft_tokens": 3},
     "topk4": {"topk": 4, "num_steps": 2, "num_draft_tokens": 16},
 }
-VARIANTS = set(SPEC_SHAPES) | {"nooverlap", "v1", "bare"}
+# dynspec-only variants -> the plugin settings (environment) they set
+SETTING_VARIANTS = {
+    "bare": {"SGLANG_DYNSPEC_METRICS": "0", "SGLANG_DYNSPEC_TRACE_FILE": None},
+    "nographs": {"SGLANG_DYNSPEC_OFFSTEP_GRAPHS": "0"},
+    "eagerprefill": {"SGLANG_DYNSPEC_TARGET_PREFILL_GRAPH": "0"},
+}
+VARIANTS = set(SPEC_SHAPES) | {"nooverlap", "v1"} | set(SETTING_VARIANTS)
 _POLICY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 # Flags measured to work on the H200 bundle (see shared/gpu/README.md); piecewise CUDA graphs
@@ -85,8 +93,9 @@ def parse_mode(name: str) -> Mode:
     if base in ("off", "on"):
         if base == "off" and any(v in SPEC_SHAPES or v == "v1" for v in variants):
             raise ValueError(f"mode {name!r}: 'off' takes only the 'nooverlap' variant")
-        if "bare" in variants:
-            raise ValueError(f"mode {name!r}: 'bare' is for dynspec modes (stock servers write nothing)")
+        plugin_only = [v for v in variants if v in SETTING_VARIANTS]
+        if plugin_only:
+            raise ValueError(f"mode {name!r}: {plugin_only[0]!r} is for dynspec modes (stock servers have no plugin)")
         return Mode(name, base, None, variants)
     if base.startswith("dynspec:"):
         policy = base[len("dynspec:"):]
@@ -183,10 +192,10 @@ def build_server_spec(mode: Mode, cfg: ServerConfig, port: int) -> ServerSpec:
         pargs = mode.policy_args if mode.policy_args is not None else cfg.policy_args
         if pargs:
             env["SGLANG_DYNSPEC_POLICY_ARGS"] = json.dumps(pargs, sort_keys=True)
-        if mode.bare:
-            env["SGLANG_DYNSPEC_METRICS"] = "0"
-            env["SGLANG_DYNSPEC_TRACE_FILE"] = None  # unset, also where the run exports one for all servers
-        elif cfg.stats_root:
+        for v in mode.variants:
+            # (a None value unsets the variable, also where the run exports it for all servers)
+            env.update(SETTING_VARIANTS.get(v, {}))
+        if not mode.bare and cfg.stats_root:
             env["SGLANG_DYNSPEC_STATS_DIR"] = stats_dir_for(cfg.stats_root, mode.name)
     args += list(cfg.extra_flags)
     # Optional flags go in first; ServerProcess.start drops them on a failed first attempt.

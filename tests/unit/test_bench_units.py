@@ -51,6 +51,16 @@ def test_server_spec_flags_and_env():
         parse_mode("dynspec:always"), cfg, 31002).args
     with pytest.raises(ValueError, match="for dynspec modes"):
         parse_mode("on@bare")
+    both = build_server_spec(parse_mode("dynspec:goodput@nographs+eagerprefill"), cfg, 31003)
+    assert both.env["SGLANG_DYNSPEC_OFFSTEP_GRAPHS"] == "0" and both.env["SGLANG_DYNSPEC_TARGET_PREFILL_GRAPH"] == "0"
+    assert both.env["SGLANG_DYNSPEC_STATS_DIR"].startswith("/s/") and "SGLANG_DYNSPEC_METRICS" not in both.env
+    from sglang_dynspec.config import validate
+
+    graphs = {k: v for k, v in both.env.items() if "GRAPH" in k}
+    settings = validate({"SGLANG_DYNSPEC_ENABLED": "1", **graphs}).settings  # how the server reads them
+    assert settings.offstep_graphs is False and settings.target_prefill_graph is False
+    with pytest.raises(ValueError, match="for dynspec modes"):
+        parse_mode("off@eagerprefill")
     with pytest.raises(ValueError, match="draft"):
         build_server_spec(parse_mode("on"), ServerConfig(model="/m"), 1)
     with pytest.raises(ValueError, match="model"):
