@@ -114,7 +114,7 @@ class Goodput:
             if d:
                 self._on_floor = {}
         if d and x.previous and x.steps_in_mode >= self.min_dwell and x.costs is not None:
-            # after the dwell: by then the estimate is this stretch's own (restarted on entry)
+            # after the dwell: a floor taken earlier would be the estimate the stretch began with
             t = x.costs.estimate(True, x.decode_bs)
             if t is not None and t < self._on_floor.get(x.decode_bs, math.inf):
                 self._on_floor[x.decode_bs] = t
