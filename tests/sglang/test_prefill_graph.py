@@ -53,6 +53,17 @@ def _prefill(mode, tokens=2560):
 
 
 @pytest.fixture
+def affected(sglang_version):
+    """(CaptureHiddenMode, PiecewiseCudaGraphRunner) of a release whose graph refuses EAGLE prefills."""
+    if not _affected(sglang_version):
+        pytest.skip("the prefill graph refuses EAGLE prefills only on SGLang 0.5.11-0.5.13")
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner
+
+    return CaptureHiddenMode, PiecewiseCudaGraphRunner
+
+
+@pytest.fixture
 def settings(monkeypatch):
     monkeypatch.setattr(runtime, "SETTINGS", DynspecSettings(enabled=True))
     monkeypatch.setattr(runtime, "STATE", None)
@@ -73,11 +84,8 @@ def test_hook_planned_exactly_where_the_graph_refuses_eagle_prefills(sglang_vers
     assert "capture_hidden_mode=forward_batch.capture_hidden_mode" in inspect.getsource(owner.replay_prepare)
 
 
-def test_eagle_prefill_replays_the_graph_and_the_runner_keeps_its_mode(sglang_version, settings):
-    if not _affected(sglang_version):
-        pytest.skip("the prefill graph refuses EAGLE prefills only on SGLang 0.5.11-0.5.13")
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode as H
-    from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner
+def test_eagle_prefill_replays_the_graph_and_the_runner_keeps_its_mode(affected, settings):
+    H, PiecewiseCudaGraphRunner = affected
 
     can_run = PiecewiseCudaGraphRunner.can_run
     runner = _runner(H.NULL)
@@ -95,11 +103,8 @@ def test_eagle_prefill_replays_the_graph_and_the_runner_keeps_its_mode(sglang_ve
 
 
 @pytest.mark.parametrize("case", ["setting off", "draft runner", "not eagle", "LAST mode"])
-def test_left_to_sglang(sglang_version, settings, monkeypatch, case):
-    if not _affected(sglang_version):
-        pytest.skip("the prefill graph refuses EAGLE prefills only on SGLang 0.5.11-0.5.13")
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode as H
-    from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner
+def test_left_to_sglang(affected, settings, monkeypatch, case):
+    H, PiecewiseCudaGraphRunner = affected
 
     runner, mode = _runner(H.NULL), H.FULL
     if case == "setting off":
@@ -114,11 +119,8 @@ def test_left_to_sglang(sglang_version, settings, monkeypatch, case):
     assert runner.capture_hidden_mode == H.NULL
 
 
-def test_replays_are_counted_in_the_stats(sglang_version, settings, monkeypatch):
-    if not _affected(sglang_version):
-        pytest.skip("the prefill graph refuses EAGLE prefills only on SGLang 0.5.11-0.5.13")
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode as H
-    from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner
+def test_replays_are_counted_in_the_stats(affected, settings, monkeypatch):
+    H, PiecewiseCudaGraphRunner = affected
 
     st = SimpleNamespace(prefill_graph_replays=0, calls=[])
     st.spent = lambda hook, t0: st.calls.append(hook)

@@ -83,6 +83,7 @@ class Goodput:
         # step of a probe owed after a switch that a rise of that time decided (see _note_switch).
         self._on_floor: dict[int, float] = {}
         self._recheck_at: int | None = None
+        self._d_on: float | None = None  # this step's speculative step-time estimate (_decide reads it)
         self._c_on: float | None = None
         self._c_off: float | None = None
 
@@ -113,10 +114,10 @@ class Goodput:
                 self._note_switch(x, d)
             if d:
                 self._on_floor = {}
-        if d and x.previous and x.steps_in_mode >= self.min_dwell and x.costs is not None:
+        t = self._d_on
+        if d and x.previous and x.steps_in_mode >= self.min_dwell and t is not None:
             # after the dwell: a floor taken earlier would be the estimate the stretch began with
-            t = x.costs.estimate(True, x.decode_bs)
-            if t is not None and t < self._on_floor.get(x.decode_bs, math.inf):
+            if t < self._on_floor.get(x.decode_bs, math.inf):
                 self._on_floor[x.decode_bs] = t
         return d
 
@@ -136,15 +137,15 @@ class Goodput:
             self._probe_misses = min(self._probe_misses + 1, MAX_FLIPS) if refuted else 0
             self._probe_at = None
         if not d:
-            floor = self._on_floor.get(x.decode_bs)
-            now = x.costs.estimate(True, x.decode_bs) if x.costs is not None else None
+            floor, now = self._on_floor.get(x.decode_bs), self._d_on
             rose = floor is not None and now is not None and now > (1.0 + 2.0 * self.margin) * floor
             self._recheck_at = step + (self.reprobe_near << self._probe_misses) if rose else None
 
     def _decide(self, x: StepInputs) -> bool:
         prev = x.previous
         v = x.costs
-        if v is None or x.accept_samples < self.min_accept or v.estimate(True, x.decode_bs) is None:
+        self._d_on = v.estimate(True, x.decode_bs) if v is not None else None
+        if v is None or x.accept_samples < self.min_accept or self._d_on is None:
             return self._say(True, "learn on", None)
         c = self.seconds_per_token(x)
         if c is None:
