@@ -357,7 +357,6 @@ def test_goodput_dwell_ends_when_the_batch_doubles_or_halves():
     assert p.explain()["why"] == "model"
 
 
-
 def test_goodput_rechecks_speculation_soon_after_leaving_it_for_a_slower_step_only():
     # bs 1, accept 2.4: speculation at 7.3 ms a step (3.0 ms a token) beats plain decode at 4.8 ms,
     # until a burst of slow steps puts its estimate at 13 ms (5.5 ms a token; pair1k-row1, C=1).
@@ -383,8 +382,8 @@ def test_goodput_rechecks_speculation_soon_after_leaving_it_for_a_slower_step_on
     # one probe, reprobe_near plain steps after the switch, although plain still leads by 45 %
     assert whys.count("recheck") == 1 and after.index(True) + (step - 100) - off_at == 64
     # a switch decided by acceptance owes none: the step time did not move
-    q = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
-    p, step, prev, dwell, whys = q, 0, True, 50, []
+    p = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
+    step, prev, dwell, whys = 0, True, 50, []
     assert all(feed(calm, 40))
     assert feed(calm, 40, acc=1.2)[-1] is False
     assert not any(feed(calm, 200, acc=1.2)) and "recheck" not in whys
