@@ -523,6 +523,26 @@ def offstep_graphs_release_problem(need_hidden: bool = True) -> str | None:
     return None
 
 
+# What a light prefill (adapters/spec_v2.forward_prefill_off) reads from the batch the spec_v2
+# worker receives: token ids, KV slots, per-request extend lengths, lengths after the extend.
+LIGHT_PREFILL_BATCH_FIELDS = ("input_ids", "out_cache_loc", "extend_seq_lens", "seq_lens", "capture_hidden_mode")
+
+
+def light_prefill_release_problem() -> str | None:
+    """Why prefills while off must run the draft's extend forward on the installed release's
+    spec_v2 worker (None: the light prefill can run)."""
+    if v2_input_kind() != "model_worker_batch":
+        # A ScheduleBatch prefill (>= 0.5.13) publishes its lengths and picks chunk-aware tail
+        # tokens upstream; neither is replicated here yet.
+        return "SGLang >= 0.5.13 prefills a ScheduleBatch (publication and chunk-aware tail tokens not replicated)"
+    from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+
+    missing = [f for f in LIGHT_PREFILL_BATCH_FIELDS if f not in dataclass_field_names(ModelWorkerBatch)]
+    if missing:
+        return f"ModelWorkerBatch has no {', '.join(missing)}"
+    return None
+
+
 def light_sync_draft_problem(draft_model_runner) -> str | None:
     """Why the light draft sync (adapters/draft_kv.py) cannot be used with this draft (None: it can)."""
     model = getattr(draft_model_runner, "model", None)

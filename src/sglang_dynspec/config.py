@@ -87,6 +87,15 @@ class DynspecSettings(BaseSettings):
             "step before speculating again; `full` runs the draft-extend forward on every off-step."
         ),
     )
+    prefill_draft_sync: Literal["light", "full"] = Field(
+        "light",
+        description=(
+            "How a prefill that runs while speculation is off fills the draft KV cache: `light` writes "
+            "every prompt token's draft K/V directly from the target's hidden states (where off-steps use "
+            "the light sync, on SGLang 0.5.9-0.5.12's spec_v2 worker; a resume step precedes speculation); "
+            "`full` runs the draft's extend forward, as SGLang does."
+        ),
+    )
     metrics: Flag = Field(
         True, description="Export dynspec metrics on SGLang's Prometheus endpoint (--enable-metrics)."
     )

@@ -50,6 +50,7 @@ class WorkerState:
         self.hook_cpu = dict.fromkeys(HOOK_NAMES, 0.0)
         self.hook_calls = dict.fromkeys(HOOK_NAMES, 0)
         self.prefill_graph_replays = 0  # EAGLE prefills that replayed the target's prefill graph
+        self.light_prefills = 0  # prefills while off that wrote the draft KV directly (no draft extend)
 
     def spent(self, hook: str, since: float) -> None:
         self.hook_cpu[hook] += time.perf_counter() - since
@@ -70,6 +71,7 @@ class WorkerState:
         s["hook_cpu_s"] = {k: round(v, 6) for k, v in self.hook_cpu.items()}
         s["hook_calls"] = dict(self.hook_calls)
         s["prefill_graph_replays"] = self.prefill_graph_replays
+        s["light_prefills"] = self.light_prefills
         steps = c["decode_steps"]
         s["hook_cpu_us_per_decode_step"] = round(1e6 * sum(self.hook_cpu.values()) / steps, 2) if steps else None
         v = self.controller.view
@@ -225,12 +227,19 @@ def _forward(original, worker, batch, *args, **kwargs):
     sched = st.scheduler
     rb = getattr(sched, "running_batch", None)
     if bs is None:
-        ctl.on_other(compat.prefill_rows(batch))
+        rows = compat.prefill_rows(batch)
+        ctl.on_other(rows)
         fm = getattr(batch, "forward_mode", None)
         if st.optout_rids and fm is not None and fm.is_decode() and _has_optout(st, batch, rb):
             # a decode batch the adapter declines (e.g. logprobs on spec_v2) speculates anyway
             st.optout_not_honoured += 1
         st.spent("forward", t0)
+        # A prefill while off (the last, agreed decision): rank-identical like the decode steps.
+        if rows and ctl.prev is False:
+            result = adapter.forward_prefill_off(worker, batch, *args, **kwargs)
+            if result is not None:
+                st.light_prefills += 1
+                return result
         return original(worker, batch, *args, **kwargs)
     running = len(rb.reqs) if rb is not None and rb.reqs is not None else 0
     waiting = len(getattr(sched, "waiting_queue", ()) or ())

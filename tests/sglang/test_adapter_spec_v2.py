@@ -764,3 +764,133 @@ def test_state_is_typed_and_stored_once_per_worker(m, up):
     assert isinstance(st, m.SpecV2State) and st.unsupported_checked and state.of(w, m.SpecV2State) is st
     w.server_args.enable_dp_attention = True
     assert m.unsupported_reason(w) is None  # decided once per worker
+
+
+# ------------------------------------------------------------------------------------------
+# Prefills while off: the light prefill (target extend, then the prompt's draft KV written directly)
+
+_MWB_ONLY = pytest.mark.skipif(compat.v2_input_kind() != "model_worker_batch",
+                               reason="the light prefill runs on the ModelWorkerBatch input (<= 0.5.12)")
+
+
+class _PrefillTarget:
+    """The target's extend: records what it was given, returns one hidden row per prompt token."""
+
+    def __init__(self, up, new_tokens=(13, 22), aux_hidden=9):
+        self.up, self.new_tokens, self.aux_hidden, self.seen = up, new_tokens, aux_hidden, []
+
+    def forward_batch_generation(self, batch, *a, **k):
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.managers.tp_worker import TpModelWorker
+
+        _bind(TpModelWorker.forward_batch_generation, self, batch, *a, **k)
+        self.seen.append((batch.capture_hidden_mode, batch.input_ids.clone()))
+        n = batch.input_ids.shape[0]
+        lo = LogitsProcessorOutput(next_token_logits=torch.zeros(len(self.new_tokens), 11),
+                                   hidden_states=torch.arange(n * self.aux_hidden, dtype=torch.float32).view(n, -1))
+        return self.up.GBR(logits_output=lo, next_token_ids=torch.tensor(self.new_tokens, dtype=torch.int64),
+                           can_run_cuda_graph=True)
+
+
+def _prefill_setup(m, up, monkeypatch, **over):
+    """Two requests: one with 4 cached tokens extending 3 ([10, 11, 12]), one new with 2 ([20, 21])."""
+    w = _worker(up)
+    target, draft = _PrefillTarget(up), _DraftRecorder()
+    w._target_worker, w._draft_worker = target, draft
+    writes = _light(m, w, monkeypatch)
+    state.of(w, m.SpecV2State).light_prefill = True
+    fields = dict(forward_mode=up.ForwardMode.EXTEND, input_ids=torch.tensor([10, 11, 12, 20, 21]),
+                  out_cache_loc=torch.tensor([504, 505, 506, 700, 701]), seq_lens=torch.tensor([7, 2]),
+                  extend_seq_lens=[3, 2], extend_prefix_lens=[4, 0], capture_hidden_mode=None,
+                  spec_info=None, return_logprob=False, multimodal_inputs=[None, None])
+    fields.update(over)
+    cls = _batch_class(m)
+    kw = {name: None for name in _required_fields(cls)}
+    kw.update(fields)
+    return w, target, draft, writes, cls(**kw)
+
+
+def test_prefill_draft_rows_shift_tokens_and_count_positions_from_the_prefix(m):
+    batch = SimpleNamespace(input_ids=torch.tensor([10, 11, 12, 20, 21], dtype=torch.int32),
+                            extend_seq_lens=[3, 2], seq_lens=torch.tensor([7, 2]))
+    tokens, positions = m._prefill_draft_rows(batch, torch.tensor([13, 22], dtype=torch.int32))
+    assert tokens.tolist() == [11, 12, 13, 21, 22] and tokens.dtype == torch.int64
+    assert positions.tolist() == [4, 5, 6, 0, 1]
+
+
+@_MWB_ONLY
+def test_prefill_while_off_writes_the_prompt_draft_kv_without_the_draft_extend(m, up, monkeypatch):
+    w, target, draft, writes, batch = _prefill_setup(m, up, monkeypatch)
+    assert not m.resume_pending(w)
+    res = m.forward_prefill_off(w, batch)
+    ((capture, ids),) = target.seen
+    assert capture == up.CaptureHiddenMode.FULL and ids.tolist() == [10, 11, 12, 20, 21]
+    assert draft.calls == []  # _DraftRecorder has no _draft_extend_for_prefill: it was not asked
+    ((runner, tok, hid, pos, loc),) = writes
+    assert runner is draft.draft_runner
+    assert tok.tolist() == [11, 12, 13, 21, 22] and pos.tolist() == [4, 5, 6, 0, 1]
+    assert loc.tolist() == [504, 505, 506, 700, 701] and hid.shape == (5, 9)
+    assert res.next_token_ids.tolist() == [13, 22] and res.can_run_cuda_graph
+    nd = res.next_draft_input
+    assert isinstance(nd, up.EDI)
+    assert getattr(nd, compat.draft_input_bonus_field(up.EDI)).tolist() == [13, 22]
+    assert nd.new_seq_lens is batch.seq_lens
+    assert nd.topk_p.shape == (2, 1) and not nd.topk_p.any() and nd.hidden_states.shape == (2, 6)
+    assert m.resume_pending(w)  # the next speculative step is a resume step
+
+
+@_MWB_ONLY
+@pytest.mark.parametrize("over", [
+    {"forward_mode": "MIXED"},
+    {"forward_mode": "IDLE"},
+    {"input_embeds": torch.zeros(5, 4)},
+    {"multimodal_inputs": [object(), None]},
+    {"extend_seq_lens": [3, 1]},  # lengths that do not add up to the batch's tokens
+    {"extend_seq_lens": None},
+], ids=lambda d: next(iter(d)))
+def test_prefill_while_off_leaves_other_batches_to_sglang(m, up, monkeypatch, over):
+    over = {k: (getattr(up.ForwardMode, v) if k == "forward_mode" else v) for k, v in over.items()}
+    w, target, _draft, writes, batch = _prefill_setup(m, up, monkeypatch, **over)
+    assert m.forward_prefill_off(w, batch) is None
+    assert target.seen == [] and writes == [] and not m.resume_pending(w)
+
+
+@_MWB_ONLY
+def test_prefill_while_off_refuses_a_target_without_per_token_hidden_states(m, up, monkeypatch):
+    w, target, _draft, writes, batch = _prefill_setup(m, up, monkeypatch)
+    target.aux_hidden = 0  # no hidden columns: shape (5, 0) is still per token; make it per request
+    monkeypatch.setattr(target, "forward_batch_generation", lambda b, *a, **k: up.GBR(
+        logits_output=SimpleNamespace(hidden_states=torch.zeros(2, 9)), next_token_ids=torch.tensor([13, 22]),
+        can_run_cuda_graph=False))
+    with pytest.raises(RuntimeError, match="hidden states of shape"):
+        m.forward_prefill_off(w, batch)
+    assert writes == []
+
+
+def test_prepare_chooses_the_light_prefill_only_where_allowed(m, up, monkeypatch):
+    from sglang_dynspec.adapters import draft_kv
+
+    light = draft_kv.LightSync(topk=1, draft_hidden=6, draft_dtype=torch.bfloat16)
+    monkeypatch.setattr(draft_kv, "prepare", lambda runner, topk, who, mode: light if mode == "light" else None)
+    release = compat.light_prefill_release_problem()
+    cases = {(): release is None,
+             (("prefill_draft_sync", "full"),): False,
+             (("offstep_draft_sync", "full"),): False}
+    for over, expected in cases.items():
+        w = _worker(up)
+        w._draft_worker = _DraftRecorder()
+        m.prepare(w, DynspecSettings(offstep_graphs=False, **dict(over)))
+        assert state.peek(w).light_prefill is expected, over
+    st = m.SpecV2State(light=None)
+    assert "offstep_draft_sync" in m.light_prefill_problem(st, DynspecSettings())
+    assert m.light_prefill_problem(st, DynspecSettings(prefill_draft_sync="full")) == "prefill_draft_sync=full"
+
+
+def test_light_prefill_release_support(sglang_version):
+    from packaging.version import Version
+
+    problem = compat.light_prefill_release_problem()
+    if Version(sglang_version.base_version) >= Version("0.5.13"):
+        assert "ScheduleBatch" in problem
+    else:
+        assert problem is None

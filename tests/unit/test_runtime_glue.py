@@ -23,6 +23,8 @@ class Adapter:
     def __init__(self):
         self.off_calls = 0
         self.modes = []
+        self.prefills_off = []  # rows of each extend batch offered to forward_prefill_off
+        self.prefill_result = None  # what it returns (None: run upstream)
 
     def decode_batch_size(self, worker, batch):
         return None if batch.mode != "decode" else len(batch.reqs)
@@ -31,6 +33,10 @@ class Adapter:
         self.off_calls += 1
         self.modes.append(mode)
         return Result(num_correct_drafts=0)
+
+    def forward_prefill_off(self, worker, batch, *a, **kw):
+        self.prefills_off.append(len(batch.reqs))
+        return self.prefill_result
 
     def resume_pending(self, worker):
         return False
@@ -101,6 +107,21 @@ def test_extend_batches_go_to_sglang_untouched(state):
     st = state("never")
     res = runtime.around_v1_forward(original, st.worker, batch(3, mode="extend"))
     assert res.spec and st.controller.stats["decode_steps"] == 0
+
+
+def test_prefills_while_off_go_to_the_adapter(state):
+    st = state("threshold", {"n": 2})
+    runtime.around_v1_forward(original, st.worker, batch(2))  # speculative step
+    assert runtime.around_v1_forward(original, st.worker, batch(1, mode="extend")).spec
+    assert st.adapter.prefills_off == []  # while on: upstream, not offered
+    runtime.around_v1_forward(original, st.worker, batch(5))  # off-step
+    assert runtime.around_v1_forward(original, st.worker, batch(3, mode="extend")).spec  # adapter declined
+    light = Result(num_correct_drafts=0)
+    st.adapter.prefill_result = light
+    assert runtime.around_v1_forward(original, st.worker, batch(2, mode="extend")) is light
+    assert st.adapter.prefills_off == [3, 2] and st.light_prefills == 1
+    assert not is_off(st, light)  # a prefill's result is no decode result: nothing to skip
+    assert st.snapshot()["light_prefills"] == 1
 
 
 def test_other_workers_untouched(state):

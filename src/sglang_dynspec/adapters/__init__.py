@@ -29,6 +29,11 @@ class Adapter(Protocol):
         sync); ``args``/``kwargs`` are the rest of ``forward_batch_generation``'s arguments
         (e.g. ``on_publish``)."""
 
+    def forward_prefill_off(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> Any | None:
+        """Run an extend batch that arrives while speculation is off without the draft's extend
+        forward (draft KV written directly; a resume step precedes speculation), returning the
+        result the scheduler expects; ``None``, having run nothing, where it must run upstream."""
+
     def resume_pending(self, worker: Any) -> bool:
         """Whether the last off-step left the draft without outputs to draft from, so a step that
         would speculate must run as a ``StepMode.RESUME`` off-step first."""

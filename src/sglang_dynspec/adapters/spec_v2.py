@@ -50,6 +50,7 @@ class SpecV2State(AdapterState):
 
     unsupported_checked: bool = False
     unsupported: str | None = None
+    light_prefill: bool = False  # prefills while off write the draft KV directly (prepare)
 
 
 def _torch():
@@ -416,6 +417,88 @@ def _sync_draft_full(worker, st: SpecV2State, batch, result, window, predict, ac
         dw._draft_extend_for_decode(batch, result)
 
 
+def forward_prefill_off(worker, batch, *args, **kwargs):
+    """Run an extend batch that arrives while speculation is off without the draft's extend
+    forward; None (nothing run) where it must run upstream.
+
+    The target prefills as upstream (hidden states of every token captured).  The draft KV of
+    each prompt token is then written directly (``draft_kv.write``, the light sync's writer):
+    position p from the target's hidden state there and token p + 1, the request's new token
+    after its last.  That is all upstream's draft extend leaves a later step, besides the first
+    draft round's seeds (top-k, draft hidden state), which stay placeholders here: the next step
+    that would speculate runs a resume step first, as after a light off-step.  Skipped: the
+    draft's per-request input rebuild, its batch and attention setup, its forward and top-k,
+    which made a speculative server's prefill dearer than a plain one's.
+    """
+    st = state.of(worker, SpecV2State)
+    if not st.light_prefill or not _plain_prefill(batch):
+        return None
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    n = int(batch.input_ids.shape[0])
+    batch.capture_hidden_mode = CaptureHiddenMode.FULL  # as upstream: the draft reads every token's
+    with span("dynspec.prefill.target"):
+        out = worker.target_worker.forward_batch_generation(batch)
+    hidden = out.logits_output.hidden_states
+    if hidden is None or int(hidden.shape[0]) != n:
+        raise RuntimeError(f"dynspec light prefill: the target returned hidden states of shape "
+                           f"{None if hidden is None else tuple(hidden.shape)} for {n} prompt tokens")
+    tokens, positions = _prefill_draft_rows(batch, out.next_token_ids)
+    st.light_pending = True
+    with span("dynspec.prefill.draft_kv"), compat.draft_contexts(worker):
+        draft_kv.write(worker.draft_worker.draft_runner, tokens, hidden, positions, batch.out_cache_loc)
+    out.next_draft_input = _prefill_draft_input(compat.v2_worker_module().EagleDraftInput, st.light, batch,
+                                                out.next_token_ids)
+    return out
+
+
+def _plain_prefill(batch) -> bool:
+    """A pure EXTEND batch of token ids (no embeddings, no multimodal inputs) whose per-request
+    lengths add up to its tokens; anything else prefills upstream."""
+    fm = getattr(batch, "forward_mode", None)
+    if fm is None or getattr(fm, "name", None) != "EXTEND":
+        return False
+    if getattr(batch, "input_embeds", None) is not None or getattr(batch, "replace_embeds", None) is not None:
+        return False
+    if any(mm is not None for mm in (getattr(batch, "multimodal_inputs", None) or ())):
+        return False
+    lens = getattr(batch, "extend_seq_lens", None)
+    ids = getattr(batch, "input_ids", None)
+    if not lens or ids is None or getattr(batch, "out_cache_loc", None) is None:
+        return False
+    return len(lens) == int(batch.seq_lens.shape[0]) and sum(lens) == int(ids.shape[0])
+
+
+def _prefill_draft_rows(batch, next_token_ids):
+    """The draft's (token, position) for every prompt token of ``batch``: position p takes
+    token p + 1, and each request's last position its new token.  On the GPU, without a sync
+    (one small copy of the extend lengths, asynchronous as SGLang's own)."""
+    torch = _torch()
+    ids = batch.input_ids
+    dev = ids.device
+    n = int(ids.shape[0])
+    lens = torch.tensor(batch.extend_seq_lens, dtype=torch.int64).to(dev, non_blocking=True)
+    ends = torch.cumsum(lens, 0)
+    req = torch.repeat_interleave(torch.arange(lens.shape[0], device=dev), lens, output_size=n)
+    # Lengths after the extend less the extend: each request's cached prefix.
+    starts = (batch.seq_lens.to(torch.int64) - lens)[req]
+    positions = starts + torch.arange(n, device=dev) - (ends - lens)[req]
+    tokens = torch.empty(n, dtype=torch.int64, device=dev)
+    tokens[:-1] = ids[1:]
+    tokens[ends - 1] = next_token_ids.to(torch.int64)
+    return tokens, positions
+
+
+def _prefill_draft_input(draft_input_cls, light: LightSync, batch, next_token_ids):
+    """The draft input a prefill hands the scheduler: upstream's fields, with the draft's first
+    round seeds as placeholders (never drafted from: a resume step comes first)."""
+    bs = int(batch.seq_lens.shape[0])
+    values = {compat.draft_input_bonus_field(draft_input_cls): next_token_ids, "new_seq_lens": batch.seq_lens,
+              "num_tokens_per_req": 1, "num_tokens_for_logprob_per_req": 1}
+    values.update(light.placeholder_rows(bs, next_token_ids.device))
+    return draft_input_cls(**compat.only_fields(draft_input_cls, **values))
+
+
 resume_pending = state.resume_pending  # the Adapter protocol's, shared by both paths
 
 
@@ -436,6 +519,19 @@ def prepare(worker, settings) -> None:
     st.graphs = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
     st.light = draft_kv.prepare(getattr(getattr(worker, "draft_worker", None), "draft_runner", None),
                                 getattr(worker, "topk", 1), "spec_v2", settings.offstep_draft_sync)
+    problem = light_prefill_problem(st, settings)
+    st.light_prefill = problem is None
+    logger.info("dynspec spec_v2: prefills while off %s", "write the draft KV directly (light)" if problem is None
+                else f"run the draft's extend forward ({problem})")
+
+
+def light_prefill_problem(st: SpecV2State, settings) -> str | None:
+    """Why prefills while off run the draft's extend forward on this worker (None: light)."""
+    if settings.prefill_draft_sync != "light":
+        return f"prefill_draft_sync={settings.prefill_draft_sync}"
+    if st.light is None:
+        return "the off-steps have no light draft sync (offstep_draft_sync or the draft's shape)"
+    return compat.light_prefill_release_problem()
 
 
 # --------------------------------------------------------------------------------------------
@@ -464,6 +560,9 @@ def describe(worker=None) -> dict[str, Any]:
         target_capture=compat.target_capture_channel(),
         offstep_graphs=offstep_graphs_unsupported() or "capture DECODE graphs on a separate backend",
         offstep_draft_sync="light for single-layer EAGLE-3 drafts (resume step before speculating), else full",
+        prefill_draft_sync=("light where the off-steps sync light (resume step before speculating)"
+                            if compat.light_prefill_release_problem() is None
+                            else f"full ({compat.light_prefill_release_problem()})"),
         topk_gt_1=(kind == "schedule_batch"),  # <= 0.5.12 routes topk > 1 to the v1 worker
         declines=["return_logprob", "return_hidden_states", "grammar", "DP attention", "PP", "TBO", "mamba/GDN"],
     )

@@ -321,6 +321,12 @@ def prepare(worker, settings) -> None:
                                 settings.offstep_draft_sync)
 
 
+def forward_prefill_off(worker, batch, *args, **kwargs):
+    """Prefills while off run upstream on this path (None): EAGLEWorker's prefill (target extend,
+    then the draft's) is not replicated with a light draft KV write."""
+    return None
+
+
 resume_pending = state.resume_pending  # the Adapter protocol's, shared by both paths
 
 
@@ -334,6 +340,7 @@ def describe(worker=None) -> dict:
         "worker": WORKER_CLASS,
         "releases": "0.5.9 - 0.5.12 (non-overlap scheduler; topk>1 or --disable-overlap-schedule)",
         "off_step": "plain target DECODE (spec_info=None, hidden capture on) + 1-token draft extend",
+        "prefill_draft_sync": "full (the draft's extend forward on every prefill; light is spec_v2 only)",
         "unsupported": ["dp-attention", "hybrid mamba/linear-attention targets"],
         "graph_guard": compat.graph_guard_target(),
     }
