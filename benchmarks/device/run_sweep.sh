@@ -143,7 +143,7 @@ fi
 RC=${PIPESTATUS[0]}
 note "harness exit $RC after $(elapsed "$t")s"
 if [ -d "$LOGS/trace" ]; then
-  python3 -m benchmarks.dynspec_bench.rank_traces "$LOGS/trace" --into "$OUT/$NAME.json" || true
+  python3 -m benchmarks.dynspec_bench.rank_traces "$LOGS/trace" --stats "$STATS" --into "$OUT/$NAME.json" || true
 fi
 
 # ---- 4. pack logs (one file: at most 8 come back) and summarise --------------------------------

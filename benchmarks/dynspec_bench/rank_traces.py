@@ -5,9 +5,14 @@ writes ``<stem>.<pid>.jsonl``: one line per decode step with the step number, ba
 decision.  Ranks that agree have identical (step, bs, on) sequences.  A process killed at shutdown
 may lose the tail of its buffered file, so the sequences are compared over their common length.
 
-    python -m benchmarks.dynspec_bench.rank_traces <dir> [--into result.json]
+    python -m benchmarks.dynspec_bench.rank_traces <dir> [--stats STATS_DIR] [--into result.json]
 
-run_sweep.sh does both when started with DYNSPEC_TRACE=1.
+Several servers of one run write under the same stem (one trace setting for the whole harness).
+``--stats`` names the stats root (``<mode>/stats-<pid>.json`` per process, as the harness writes
+it), so that only the processes of one server are compared with each other; without it, every
+process of a stem counts as a rank of one server.
+
+run_sweep.sh does all of this when started with DYNSPEC_TRACE=1.
 """
 
 from __future__ import annotations
@@ -63,23 +68,44 @@ def compare_group(paths: list[Path]) -> dict:
     }
 
 
-def compare_dir(directory: str | Path) -> dict:
-    """{trace stem: comparison} for every stem with per-process files under ``directory``."""
+_STATS = re.compile(r"^stats-(?P<pid>\d+)\.json$")
+
+
+def servers_by_pid(stats_dir: str | Path) -> dict[str, str]:
+    """pid -> server (its stats folder, named after the mode) from a harness stats root."""
+    out = {}
+    for p in Path(stats_dir).rglob("stats-*.json"):
+        m = _STATS.match(p.name)
+        if m:
+            out[m["pid"]] = p.parent.name
+    return out
+
+
+def compare_dir(directory: str | Path, stats_dir: str | Path | None = None) -> dict:
+    """{trace stem (and server, given ``stats_dir``): comparison} for every group of per-process
+    files under ``directory``; a process without stats is its own group ``[pid N]``."""
+    servers = servers_by_pid(stats_dir) if stats_dir is not None else None
     groups: dict[str, list[Path]] = {}
     for p in Path(directory).rglob("*.jsonl"):
         m = _NAME.match(p.name)
-        if m:
-            groups.setdefault(str(p.parent / m["stem"]), []).append(p)
-    return {stem: compare_group(paths) for stem, paths in sorted(groups.items())}
+        if not m:
+            continue
+        key = str(p.parent / m["stem"])
+        if servers is not None:
+            key += f" [{servers.get(m['pid'], 'pid ' + m['pid'])}]"
+        groups.setdefault(key, []).append(p)
+    return {key: compare_group(paths) for key, paths in sorted(groups.items())}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("directory")
+    ap.add_argument("--stats", default=None, metavar="STATS_DIR",
+                    help="harness stats root: compare only the processes of one server with each other")
     ap.add_argument("--into", default=None, metavar="RESULT.json",
                     help="add the comparison to this harness result as `tp_rank_agreement`")
     args = ap.parse_args(argv)
-    out = compare_dir(args.directory)
+    out = compare_dir(args.directory, args.stats)
     if not out:
         print(f"no <stem>.<pid>.jsonl traces under {args.directory}", file=sys.stderr)
         return 2

@@ -274,6 +274,9 @@ def _replay(args) -> int:
                                   f"(got {len(args.policy or [])}); replay the others separately")
         if args.server_trace:
             return _replay_server_trace(args, policy_args)
+        for flag, value in (("--follow-recorded", args.follow_recorded), ("--verify-rows", args.verify_rows)):
+            if value:
+                raise ConfigError(f"{flag}: only applies with --server-trace")
         if args.check:
             return _replay_check(args)
         if args.profile:
@@ -343,28 +346,35 @@ def _replay_server_trace(args, policy_args) -> int:
 
         raise ConfigError(f"--server-trace ({args.server_trace}): the trace does not record the server's "
                           "speculative_num_draft_tokens (written before it did): give --verify-rows")
-    res = redrive(rows, policy, policy_args, args.verify_rows)
+    res = redrive(rows, policy, policy_args, args.verify_rows, follow=args.follow_recorded)
     print(f"server trace {args.server_trace}: {len(res.steps)} decode steps re-driven with policy {policy!r}; "
           f"acceptance {'as the controller received it' if res.exact_acceptance else 'inferred (older trace)'}")
+    if args.follow_recorded:
+        print("the recorded decisions applied (--follow-recorded): costs and estimates are the server's; "
+              "'re-driven' is what the policy answered at each step")
     print(f"decisions equal to the recorded ones: {res.agreement:.2%}")
     print(f"\n{'run':>4} {'steps':>6} {'bs p50':>7} {'on: recorded':>13} {'re-driven':>10} "
-          f"{'switches: recorded':>19} {'re-driven':>10}  re-driven why")
+          f"{'switches: recorded':>19} {'re-driven':>10} {'est. tok/s on / off (last)':>27}  re-driven why")
     runs = []
     for n, run in enumerate(res.runs(), 1):
         sw = lambda key: sum(getattr(a, key) != getattr(b, key) for a, b in zip(run, run[1:]))  # noqa: E731
         why: dict[str, int] = {}
         for s in run:
             why[s.why] = why.get(s.why, 0) + 1
+        last = run[-1].estimates
         row = {"steps": len(run), "bs_p50": median(s.bs for s in run),
                "on_recorded": sum(s.recorded for s in run), "on_redriven": sum(s.decided for s in run),
-               "switches_recorded": sw("recorded"), "switches_redriven": sw("decided"), "why": why}
+               "switches_recorded": sw("recorded"), "switches_redriven": sw("decided"), "why": why,
+               "estimates_last": {k: last.get(k) for k in ("on_tok_s", "off_tok_s")}}
         runs.append(row)
+        est = f"{last.get('on_tok_s') or '-'} / {last.get('off_tok_s') or '-'}"
         print(f"{n:>4} {row['steps']:>6} {row['bs_p50']:>7g} {row['on_recorded']:>13} {row['on_redriven']:>10} "
-              f"{row['switches_recorded']:>19} {row['switches_redriven']:>10}  "
+              f"{row['switches_recorded']:>19} {row['switches_redriven']:>10} {est:>27}  "
               + ", ".join(f"{k} {v}" for k, v in sorted(why.items(), key=lambda kv: -kv[1])))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"server_trace": args.server_trace, "policy": policy, "policy_args": policy_args,
+                       "follow_recorded": args.follow_recorded,
                        "agreement": round(res.agreement, 4), "exact_acceptance": res.exact_acceptance,
                        "runs": runs}, f, indent=1)
         print(f"wrote {args.json}")
@@ -485,6 +495,9 @@ def main(argv=None) -> int:
     r.add_argument("--verify-rows", type=_positive_int, metavar="N",
                    help="--server-trace: the server's --speculative-num-draft-tokens (default: the trace's; "
                         "traces from before 2026-12-01 do not record it)")
+    r.add_argument("--follow-recorded", action="store_true",
+                   help="--server-trace: apply the recorded decisions and only ask the policy, so that its costs "
+                        "and estimates stay the server's own after a decision that differs")
     r.add_argument("--check", metavar="SWEEP_JSON",
                    help="instead: project a measured harness sweep from its own costs and report the error")
     r.set_defaults(fn=_replay)

@@ -310,8 +310,27 @@ def load_server_trace(path: str) -> list[dict]:
     return rows
 
 
+class _FollowRecorded:
+    """Asks ``policy`` at every step and keeps its answer, but hands the controller the decision
+    the server recorded: costs are then charged to the modes the server really ran."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.name = getattr(policy, "name", type(policy).__name__)
+        self.recorded = True
+        self.answer: bool | None = None
+
+    def decide(self, x) -> bool:
+        self.answer = bool(self.policy.decide(x))
+        return self.recorded
+
+    def explain(self) -> dict:
+        explain = getattr(self.policy, "explain", None)
+        return explain() if explain is not None else {}
+
+
 def redrive(rows: list[dict], policy: str, policy_args: dict | None = None,
-            verify_rows: int | None = None) -> RedriveResult:
+            verify_rows: int | None = None, follow: bool = False) -> RedriveResult:
     """Feed a server's recorded inputs (batch sizes, clock, prefills, speculative results) to a fresh
     controller with ``policy``, step by step, and record what it decides.
 
@@ -322,12 +341,19 @@ def redrive(rows: list[dict], policy: str, policy_args: dict | None = None,
     results were recorded (no ``res_rows``) get the acceptance back from the next step's estimate.
     ``verify_rows``: the server's speculative_num_draft_tokens, by default the trace's (its first line
     has it since traces recorded it, "vr").
+
+    ``follow``: the controller applies the recorded decisions while the policy is still asked at
+    every step (its answers are the re-driven ones).  The costs, and the estimates built on them, are
+    then the server's own all along: a decision that differs (a near-tie that the trace's rounding
+    of the clock tips the other way) no longer charges every later interval to the other mode.  For
+    checking a policy's estimates against what each mode delivered on that server.
     """
     clock = SimClock()
     if verify_rows is None:
         verify_rows = rows[0].get("vr")
-    ctl = Controller(build_policy(policy, policy_args or {}), clock=clock, deadline_s=float("inf"),
-                     verify_rows=verify_rows)
+    asked = build_policy(policy, policy_args or {})
+    follower = _FollowRecorded(asked) if follow else None
+    ctl = Controller(follower or asked, clock=clock, deadline_s=float("inf"), verify_rows=verify_rows)
     exact = "res_rows" in rows[0]
     out = []
     for i, r in enumerate(rows):
@@ -341,8 +367,10 @@ def redrive(rows: list[dict], policy: str, policy_args: dict | None = None,
             clock.t = r["t"] - (r.get("prefill_ms") or 0.0) / 1e3
             ctl.on_other(int(r["new"]))
         clock.t = r["t"]
+        if follower is not None:
+            follower.recorded = bool(r["on"])
         mode = ctl.step_mode(int(r["bs"]), int(r["running"]), int(r["waiting"]))
-        decided = mode is not StepMode.OFF
+        decided = follower.answer if follower is not None else mode is not StepMode.OFF
         if not exact and mode is StepMode.ON and i + 1 < len(rows):
             accepted = _accepted_from_estimates(ctl, r, rows[i + 1])
             if accepted is not None:

@@ -106,3 +106,4 @@ def test_without_agreement_goodput_ranks_diverge(tmp_path):
     first = next(i for i, (a, b) in enumerate(zip(res[0][0], res[1][0])) if a != b)
     assert not cmp["agree"] and cmp["first_difference"]["index"] == first
     assert rank_traces.main([str(tmp_path)]) == 1
+

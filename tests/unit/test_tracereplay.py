@@ -239,3 +239,32 @@ def test_speculation_is_not_extrapolated_into_a_large_batch():
     # without the verify rows, the same inputs give the recorded (costly) switch
     unbounded = redrive(rows[: first_on + 1], "goodput").steps
     assert unbounded[first_on].decided and unbounded[first_on].why == "model"
+
+
+def test_following_the_recorded_decisions_keeps_the_servers_costs(tmp_path, capsys):
+    """--follow-recorded: a policy whose answers differ still sees the server's own costs, so its
+    estimates at each modelled step are the recorded ones; re-driven freely, they drift away."""
+    from sglang_dynspec.tracereplay import load_server_trace, redrive
+
+    path, ctl = _traced_run(tmp_path)
+    rows = load_server_trace(str(path))
+    same = redrive(rows, "goodput", follow=True)
+    assert same.agreement == 1.0  # its own policy: the same answers either way
+    other = {"margin": 0.6, "persist": 1}
+    free = redrive(rows, "goodput", other)
+    followed = redrive(rows, "goodput", other, follow=True)
+    assert free.agreement < 1.0 and followed.agreement < 1.0  # the other arguments answer otherwise
+
+    def modelled(res):
+        keys = ("on_tok_s", "off_tok_s")
+        return [(i, tuple(s.estimates.get(k) for k in keys)) for i, s in enumerate(res.steps)
+                if s.why == "model" and rows[i].get("why") == "model"]
+
+    recorded = {i: (rows[i]["on_tok_s"], rows[i]["off_tok_s"]) for i, _ in modelled(followed)}
+    assert len(recorded) > 100 and dict(modelled(followed)) == recorded
+    assert any(recorded.get(i, e) != e for i, e in modelled(free))
+    assert main(["replay", "--server-trace", str(path), "--policy", "goodput", "--policy-args",
+                 json.dumps(other), "--follow-recorded"]) == 0
+    assert "the recorded decisions applied" in capsys.readouterr().out
+    assert main(["replay", "--follow-recorded"]) == 2
+    assert "--follow-recorded: only applies with --server-trace" in capsys.readouterr().err
