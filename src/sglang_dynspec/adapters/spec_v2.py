@@ -436,7 +436,7 @@ def forward_prefill_off(worker, batch, *args, **kwargs):
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
     n = int(batch.input_ids.shape[0])
-    batch.capture_hidden_mode = CaptureHiddenMode.FULL  # as upstream: the draft reads every token's
+    batch.capture_hidden_mode = CaptureHiddenMode.FULL  # as upstream: every prompt token's hidden state
     with span("dynspec.prefill.target"):
         out = worker.target_worker.forward_batch_generation(batch)
     hidden = out.logits_output.hidden_states
