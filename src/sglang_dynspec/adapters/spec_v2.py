@@ -358,12 +358,13 @@ def _rejected_verify(out, light: bool, res_fields, ndt: int, bs: int):
 
 
 def _next_draft_input(draft_input_cls, bonus_field: str, new_tokens, light: LightSync | None, bs: int, res_fields,
-                      new_seq_lens, verify_done):
+                      new_seq_lens, verify_done, **extra):
     """2. The next step's draft input: the new tokens, placeholder draft outputs after a light
     sync (never drafted from: the runtime's resume step replaces them before speculating), and
-    on <= 0.5.12 new_seq_lens + verify_done (recorded in step 0)."""
+    on <= 0.5.12 new_seq_lens + verify_done (recorded in step 0); ``extra``: further fields, kept
+    where the installed class declares them."""
     di_fields = compat.dataclass_field_names(draft_input_cls)
-    nd_kwargs = {bonus_field: new_tokens}
+    nd_kwargs = {bonus_field: new_tokens, **compat.only_fields(draft_input_cls, **extra)}
     if light is not None:
         nd_kwargs.update(light.placeholder_rows(bs, new_tokens.device))
     if "new_seq_lens" not in res_fields:
@@ -447,8 +448,12 @@ def forward_prefill_off(worker, batch, *args, **kwargs):
     st.light_pending = True
     with span("dynspec.prefill.draft_kv"), compat.draft_contexts(worker):
         draft_kv.write(worker.draft_worker.draft_runner, tokens, hidden, positions, batch.out_cache_loc)
-    out.next_draft_input = _prefill_draft_input(compat.v2_worker_module().EagleDraftInput, st.light, batch,
-                                                out.next_token_ids)
+    mod = compat.v2_worker_module()
+    # Upstream's prefill draft input (its lengths are the batch's own), seeds as placeholders.
+    out.next_draft_input = _next_draft_input(
+        mod.EagleDraftInput, compat.draft_input_bonus_field(mod.EagleDraftInput), out.next_token_ids, st.light,
+        int(batch.seq_lens.shape[0]), compat.dataclass_field_names(mod.GenerationBatchResult), batch.seq_lens, None,
+        num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
     return out
 
 
@@ -487,16 +492,6 @@ def _prefill_draft_rows(batch, next_token_ids):
     tokens[:-1] = ids[1:]
     tokens[ends - 1] = next_token_ids.to(torch.int64)
     return tokens, positions
-
-
-def _prefill_draft_input(draft_input_cls, light: LightSync, batch, next_token_ids):
-    """The draft input a prefill hands the scheduler: upstream's fields, with the draft's first
-    round seeds as placeholders (never drafted from: a resume step comes first)."""
-    bs = int(batch.seq_lens.shape[0])
-    values = {compat.draft_input_bonus_field(draft_input_cls): next_token_ids, "new_seq_lens": batch.seq_lens,
-              "num_tokens_per_req": 1, "num_tokens_for_logprob_per_req": 1}
-    values.update(light.placeholder_rows(bs, next_token_ids.device))
-    return draft_input_cls(**compat.only_fields(draft_input_cls, **values))
 
 
 resume_pending = state.resume_pending  # the Adapter protocol's, shared by both paths
@@ -548,6 +543,7 @@ def describe(worker=None) -> dict[str, Any]:
         return info
     kind = compat.v2_input_kind()
     mod = compat.v2_worker_module()
+    prefill_problem = compat.light_prefill_release_problem()
     info.update(
         available=True,
         input=kind,
@@ -560,9 +556,8 @@ def describe(worker=None) -> dict[str, Any]:
         target_capture=compat.target_capture_channel(),
         offstep_graphs=offstep_graphs_unsupported() or "capture DECODE graphs on a separate backend",
         offstep_draft_sync="light for single-layer EAGLE-3 drafts (resume step before speculating), else full",
-        prefill_draft_sync=("light where the off-steps sync light (resume step before speculating)"
-                            if compat.light_prefill_release_problem() is None
-                            else f"full ({compat.light_prefill_release_problem()})"),
+        prefill_draft_sync=(f"full ({prefill_problem})" if prefill_problem
+                            else "light where the off-steps sync light (resume step before speculating)"),
         topk_gt_1=(kind == "schedule_batch"),  # <= 0.5.12 routes topk > 1 to the v1 worker
         declines=["return_logprob", "return_hidden_states", "grammar", "DP attention", "PP", "TBO", "mamba/GDN"],
     )
