@@ -276,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=512)
     p.add_argument("--requests-factor", type=int, default=2)
+    p.add_argument("--prefill-c", type=int, default=0,
+                   help="also a prefill-heavy level: closed loop at this concurrency, short varied outputs (0: none)")
+    p.add_argument("--prefill-out", type=lambda t: tuple(_ints(t, "--prefill-out")), default=(16, 64),
+                   help="lo,hi output lengths of the prefill level (uniform)")
+    p.add_argument("--prefill-requests", type=int, default=200)
+    p.add_argument("--prefill-temp", type=float, default=0.7)
+    p.add_argument("--prefill-profile-steps", type=int, default=0,
+                   help="also profile each server under the prefill level for this many forward steps")
     return ap
 
 
@@ -375,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                         name=name, log_dir=args.log_dir, base_port=args.base_port or 30200, start_timeout_s=args.start_timeout,
                         deadline=_deadline(args), seed=args.seed, level_margin_s=args.level_margin_s,
                         profile_bs=args.profile_bs, profile_steps=args.profile_steps,
-                        profile_stack=args.profile_stack)
+                        profile_stack=args.profile_stack, prefill_c=args.prefill_c, prefill_out=args.prefill_out,
+                        prefill_requests=args.prefill_requests, prefill_temp=args.prefill_temp,
+                        prefill_profile_steps=args.prefill_profile_steps)
     rec = run_offstep(cfg, full_argv)
     return 0 if rec["per_bs"] else 1

@@ -5,8 +5,10 @@ and the plugin's ``dynspec.offstep.*`` ranges)."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import gzip
 import json
+import math
 import threading
 import time
 import urllib.request
@@ -149,8 +151,13 @@ def _post_json(url: str, body: dict, timeout_s: float) -> str:
 
 def profile_server(base_url: str, prompts: list[list[int]], out_dir: str | Path, tag: str, num_steps: int = 30,
                    output_len: int = 1024, lead_s: float = 3.0, timeout_s: float = 90.0,
-                   with_stack: bool = False) -> dict:
-    """Profile ``num_steps`` forward steps of a server decoding ``len(prompts)`` requests at once."""
+                   with_stack: bool = False, concurrency: int | None = None,
+                   params: list[dict] | None = None) -> dict:
+    """Profile ``num_steps`` forward steps of a server decoding ``len(prompts)`` requests at once.
+
+    With ``concurrency`` (and per-request ``params``), a closed loop of that many requests at a
+    time over ``prompts`` instead, and the trace is read as prefill and decode windows
+    (``analyze_prefill_windows``): a load that keeps admitting requests."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     before = set(out_dir.glob(f"{tag}*.trace.json*"))
@@ -158,14 +165,15 @@ def profile_server(base_url: str, prompts: list[list[int]], out_dir: str | Path,
 
     def load() -> None:
         try:
-            asyncio.run(closed_loop(base_url, prompts, len(prompts), sampling_params(output_len)))
+            asyncio.run(closed_loop(base_url, prompts, concurrency or len(prompts),
+                                    params if params is not None else sampling_params(output_len)))
         except Exception as exc:  # noqa: BLE001 - reported in the result
             load_err.append(repr(exc))
 
     th = threading.Thread(target=load, daemon=True)
     th.start()
     time.sleep(lead_s)  # past the prefills, into steady decode
-    info: dict = {"tag": tag, "bs": len(prompts), "num_steps": num_steps}
+    info: dict = {"tag": tag, "bs": concurrency or len(prompts), "num_steps": num_steps}
     try:
         info["start_profile"] = _post_json(base_url + "/start_profile", {
             "output_dir": str(out_dir), "num_steps": num_steps, "activities": ["CPU", "GPU"],
@@ -188,7 +196,7 @@ def profile_server(base_url: str, prompts: list[list[int]], out_dir: str | Path,
         info["error"] = "no trace file appeared"
         return info
     try:
-        info.update(analyze_trace(trace, num_steps))
+        info.update(analyze_prefill_windows(trace) if concurrency else analyze_trace(trace, num_steps))
     except Exception as exc:  # noqa: BLE001
         info["error"] = f"analysis failed: {exc!r}"[:300]
     return info
@@ -202,3 +210,78 @@ def summary_line(p: dict) -> str:
     return (f"{p['tag']}: step {p['step_ms']} ms, GPU busy {p['gpu_busy_ms_per_step']} ms "
             f"({p['gpu_busy_share']}), graphs/step {p['graph_launches_per_step']}, "
             f"kernels/step {p['kernel_launches_per_step']}, syncs/step {p['sync_calls_per_step']} {rng}")
+
+
+def _window_index(windows: list[tuple[float, float]], ts: float) -> int | None:
+    """Index of the window (sorted, disjoint) holding ``ts``, or None."""
+    i = bisect.bisect_right(windows, (ts, math.inf)) - 1
+    return i if i >= 0 and windows[i][0] <= ts < windows[i][1] else None
+
+
+def _window_stats(evs_tid: list[dict], kernels: list[tuple[float, float]], windows: list[tuple[float, float]],
+                  top: int) -> dict:
+    """Mean per window of: wall time, GPU busy time, the scheduler thread's CUDA waits, its
+    ``step[...]`` / ``dynspec.*`` ranges, and (traces with Python stacks) its SGLang / plugin
+    functions, inclusive (nested functions overlap their callers)."""
+    n = len(windows)
+    if n == 0:
+        return {"windows": 0}
+    ranges, funcs = defaultdict(float), defaultdict(float)
+    waits = 0.0
+    per_window: list[list[tuple[float, float]]] = [[] for _ in windows]
+    for a, b in kernels:
+        i = _window_index(windows, a)
+        if i is not None:
+            per_window[i].append((a, min(b, windows[i][1])))
+    busy = sum(_union_us(k) for k in per_window)
+    for ev in evs_tid:
+        if _window_index(windows, ev["ts"]) is None:
+            continue
+        cat, name, dur = ev.get("cat"), ev.get("name", "?"), float(ev["dur"])
+        if cat == "user_annotation" and (name.startswith("step[") or name.startswith("dynspec.")):
+            key = name.split(" bs=")[0] + "]" if name.startswith("step[") else name
+            ranges[key] += dur
+        elif cat in ("cuda_runtime", "cuda_driver") and ("Synchronize" in name or "Memcpy" in name):
+            waits += dur
+        elif cat == "python_function" and ".py(" in name and ("sglang" in name or "dynspec" in name):
+            funcs[name] += dur
+    walls = sorted(e - s for s, e in windows)
+    return {
+        "windows": n,
+        "wall_ms_median": round(walls[n // 2] / 1e3, 3),
+        "wall_ms_mean": round(sum(walls) / n / 1e3, 3),
+        "gpu_busy_ms_mean": round(busy / n / 1e3, 3),
+        "cuda_wait_ms_mean": round(waits / n / 1e3, 3),
+        "ranges_ms_mean": {k: round(v / n / 1e3, 3) for k, v in sorted(ranges.items(), key=lambda kv: -kv[1])},
+        "top_python_ms_mean": [{"name": k[:140], "ms": round(v / n / 1e3, 3)}
+                               for k, v in sorted(funcs.items(), key=lambda kv: -kv[1])[:top]],
+    }
+
+
+def analyze_prefill_windows(path: str | Path, top: int = 40) -> dict:
+    """What a prefill adds to the decode loop, from one chrome trace of a server under a load
+    that keeps admitting requests.  A *prefill window* runs from the start of the target decode
+    step before one or more EXTEND steps to the start of the decode step after them; a *decode
+    window* from one decode step to the next with nothing between.  The difference of their
+    means is what the prefill costs the loop; the breakdown says where (compare two servers)."""
+    evs = _events(Path(path))
+    steps = [e for e in evs if e.get("cat") == "user_annotation" and e.get("name", "").startswith("step[")]
+    if not steps:
+        return {"error": "no step[...] ranges in the trace", "trace": Path(path).name}
+    tid = max({e.get("tid") for e in steps}, key=lambda t: sum(1 for e in steps if e.get("tid") == t))
+    steps = sorted((e for e in steps if e.get("tid") == tid), key=lambda e: e["ts"])
+    decode_starts = [e["ts"] for e in steps if e["name"].startswith("step[DECODE")]
+    extends = [e for e in steps if e["name"].startswith("step[EXTEND")]
+    ext_ts = [e["ts"] for e in extends]
+    pre, dec = [], []
+    for a, b in zip(decode_starts, decode_starts[1:]):
+        between = bisect.bisect_left(ext_ts, b) - bisect.bisect_right(ext_ts, a)
+        (pre if between else dec).append((a, b))
+    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in evs if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    evs_tid = [e for e in evs if e.get("tid") == tid]
+    return {
+        "trace": Path(path).name,
+        "extend_steps": len(extends),
+        "prefill": _window_stats(evs_tid, kernels, pre, top),
+        "decode": _window_stats(evs_tid, kernels, dec, top),
+    }

@@ -178,6 +178,32 @@ def test_offstep_several_servers_and_profiles(tmp_path, fake_launch):
                                                                 "count": 6}
 
 
+def test_offstep_prefill_level_and_prefill_windows(tmp_path, fake_launch):
+    from benchmarks.dynspec_bench import offstep
+    from benchmarks.dynspec_bench.results import validate
+
+    cfg = offstep.OffstepConfig(server=ServerConfig(model="m", draft="d", stats_root=str(tmp_path / "s")),
+                                batch_sizes=[1], output_len=8, input_len=8, prefill_c=2, prefill_requests=6,
+                                prefill_out=(2, 4), prefill_profile_steps=9, out_dir=str(tmp_path), name="o",
+                                server_factory=fake_launch)
+    rec = offstep.run_offstep(cfg, argv=["offstep"])
+    validate(rec)
+    runs = rec["prefill_level"]["runs"]
+    assert set(runs) == {"off", "dynspec:never"}
+    assert all(len(v) == 2 and all(r["requests"] == 6 and r["failed"] == 0 for r in v) for v in runs.values())
+    # The same seeded lengths for every server and round: the same tokens.
+    assert len({r["completion_tokens"] for v in runs.values() for r in v}) == 1
+    prof = rec["prefill_profile"]["dynspec:never"]
+    # The fake's 9 steps: EXTEND after steps 1, 4, 7 -> 3 prefill windows, 5 plain decode windows of 1 ms.
+    assert prof["extend_steps"] == 3
+    assert prof["prefill"]["windows"] == 3 and prof["decode"]["windows"] == 5
+    assert prof["decode"]["wall_ms_mean"] == pytest.approx(1.0) and prof["prefill"]["gpu_busy_ms_mean"] == pytest.approx(0.5)
+    assert prof["prefill"]["ranges_ms_mean"]["step[EXTEND]"] == pytest.approx(0.2)
+    assert "step[EXTEND]" not in prof["decode"]["ranges_ms_mean"]
+    with pytest.raises(ValueError, match="prefill_out"):
+        offstep.OffstepConfig(server=ServerConfig(model="m", draft="d"), prefill_out=(5, 2))
+
+
 def test_analyze_trace_reads_a_real_torch_profiler_trace(tmp_path):
     torch = pytest.importorskip("torch")
     from benchmarks.dynspec_bench.profile import analyze_trace

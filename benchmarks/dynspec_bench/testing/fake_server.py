@@ -133,7 +133,8 @@ async def metrics(request):
 
 async def start_profile(request):
     """Writes a chrome trace like SGLang's /start_profile would after num_steps steps: per step one
-    0.5 ms kernel inside a 1 ms step and one graph launch; dynspec servers add the adapter's ranges."""
+    0.5 ms kernel inside a 1 ms step, one graph launch and a ``step[DECODE ...]`` range, and on every
+    third step (1, 4, ...) a ``step[EXTEND ...]`` range after it; dynspec servers add the adapter's ranges."""
     st: State = request.app["state"]
     body = await request.json()
     n = int(body.get("num_steps") or 10)
@@ -145,6 +146,10 @@ async def start_profile(request):
         evs.append({"ph": "X", "cat": "kernel", "name": "fake_gemm", "ts": t, "dur": 500.0})
         evs.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t, "dur": 5.0})
         evs.append({"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": t + 1, "dur": 20.0})
+        evs.append({"ph": "X", "cat": "user_annotation", "name": "step[DECODE bs=2]", "ts": t, "dur": 300.0, "tid": 1})
+        if i % 3 == 1:
+            evs.append({"ph": "X", "cat": "user_annotation", "name": "step[EXTEND bs=1 toks=8]", "ts": t + 400,
+                        "dur": 200.0, "tid": 1})
         if st.stats_dir:
             evs.append({"ph": "X", "cat": "user_annotation", "name": "dynspec.offstep.target", "ts": t, "dur": 100.0})
             evs.append({"ph": "X", "cat": "gpu_user_annotation", "name": "dynspec.offstep.target",
