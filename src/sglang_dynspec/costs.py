@@ -353,6 +353,12 @@ class CostView:
         req, batches = self.prefill[m], self.prefill[2 + m]
         return req / batches if batches > 0 else None
 
+    def batch_size_stretch(self, on: bool) -> float | None:
+        """Requests per prefill batch in this mode's current stretch, once it has seen a few."""
+        m = 1 if on else 0
+        req, batches = self.prefill[4 + m], self.prefill[6 + m]
+        return req / batches if req >= STRETCH_MIN_REQUESTS and batches > 0 else None
+
     def stretch_requests(self, on: bool) -> float:
         return self.prefill[4 + (1 if on else 0)]
 
@@ -363,11 +369,8 @@ class CostView:
 
     def prefill_stretch(self, on: bool) -> float | None:
         """The same at the batching of its current stretch, once that has seen a few requests."""
-        m = 1 if on else 0
-        req, batches = self.prefill[4 + m], self.prefill[6 + m]
-        if req < STRETCH_MIN_REQUESTS or batches <= 0:
-            return None
-        return self._per_request(req / batches)
+        n = self.batch_size_stretch(on)
+        return None if n is None else self._per_request(n)
 
 
 def _line(pts: list[tuple[float, float]]) -> tuple[float, float]:

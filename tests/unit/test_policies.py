@@ -387,3 +387,54 @@ def test_goodput_rechecks_speculation_soon_after_leaving_it_for_a_slower_step_on
     assert all(feed(calm, 40))
     assert feed(calm, 40, acc=1.2)[-1] is False
     assert not any(feed(calm, 200, acc=1.2)) and "recheck" not in whys
+
+
+def _prefill_view(off_batch: int, on_batch: int = 1):
+    """Steps as in the near-tie test (break-even at accept 2.0); prefill batches of one request
+    take 20 ms and of ``off_batch`` requests 30 ms; plain decode's stretch admits ``off_batch``
+    per batch, speculation's history ``on_batch``."""
+    t = CostTable()
+    for bs in (1, 2, 4, 8, 16, 32, 64, 128):
+        for _ in range(5):
+            t.observe(True, bs, 10.0 / 1e3)
+            t.observe(False, bs, 5.0 / 1e3)
+    m = PrefillMeter()
+    for _ in range(4):
+        m.add_tokens(2000)
+        m.observe(True, 0.020 if on_batch == 1 else 0.030, on_batch)
+        m.add_tokens(2000)
+        m.observe(False, 0.030 if off_batch > 1 else 0.020, off_batch)
+    return CostView.from_table(t, m)
+
+
+def test_goodput_does_not_probe_where_plain_refills_are_batched():
+    # A near tie (plain a few % ahead), as in test_goodput_probes_a_near_tie_soon...: probed after
+    # reprobe_near plain steps while both modes prefill one request at a time ...
+    scattered = _prefill_view(off_batch=1)
+    p = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 1000})
+    c_on, c_off, _ = p.seconds_per_token(inputs(bs=4, acc=1.92, costs=scattered))
+    assert 0.9 < c_off / c_on < 1.0
+    assert p.decide(inputs(bs=4, prev=False, dwell=64, acc=1.92, samples=50, costs=scattered)) is True
+    assert p.explain()["why"] == "probe"
+    # ... but not while plain decode refills 8 at once (waves): a probe would stagger the
+    # finishes for good.  At an acceptance that makes it a near tie again, no near-tie probe, no
+    # hopeful one; only the stale probe after 4 x reprobe_every.  Also where speculation's own
+    # history was measured in bursts (8 at once, as at a level's start): it is plain decode's
+    # waves that a probe breaks.
+    batched = _prefill_view(off_batch=8)
+    assert batched.batch_size_stretch(False) == 8.0
+    q = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 1000})
+    lo, hi = 1.0, 6.0
+    for _ in range(50):  # the acceptance where plain decode leads by ~4 %
+        mid = (lo + hi) / 2
+        c_on, c_off, _ = q.seconds_per_token(inputs(bs=4, acc=mid, costs=batched))
+        lo, hi = (mid, hi) if c_on / c_off > 1.04 else (lo, mid)
+    x = dict(bs=4, prev=False, acc=mid, samples=50, costs=batched)
+    for dwell in (64, 128, 1000, 2000):
+        assert q.decide(inputs(**x, dwell=dwell)) is False, dwell
+    assert q.decide(inputs(**x, dwell=4000)) is True and q.explain()["why"] == "probe"
+    both = _prefill_view(off_batch=8, on_batch=8)
+    r = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 1000})
+    c_on, c_off, _ = r.seconds_per_token(inputs(bs=4, acc=1.92, costs=both))
+    assert 0.9 < c_off / c_on < 1.0
+    assert r.decide(inputs(bs=4, prev=False, dwell=64, acc=1.92, samples=50, costs=both)) is False

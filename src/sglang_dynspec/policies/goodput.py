@@ -18,7 +18,8 @@ arrives and plain decode could win if it batches their successors well (the only
 that); after ``reprobe_near`` plain steps a short speculative probe if the modes are within two margins
 (acceptance is not measured while off; the dip that decided it may be gone); after ``reprobe_every``
 plain steps one if speculation could win with 1.5x today's acceptance (after 4x as long in any
-case, in case its costs are stale).  Hysteresis (``margin``), a lead averaged over ``persist``
+case, in case its costs are stale); neither of the first two while plain decode refills in waves
+(a probe would scatter them for good in a closed loop).  Hysteresis (``margin``), a lead averaged over ``persist``
 decisions and ``min_dwell`` stop flapping; where the modes tie, switches that reverse recent ones
 and probes the model turns back make the next one wait longer.  The end of a trial is judged
 without the margin, so a toss-up speculates.
@@ -38,6 +39,8 @@ STALE_PROBE_FACTOR = 4  # ... or after this many reprobe intervals, whatever the
 BATCH_MOVED = 2.0  # a batch this many times larger or smaller than at the last switch ends the dwell
 FLIP_WINDOW = 512  # decode steps: a switch this soon after the previous one reverses it ...
 MAX_FLIPS = 3  # ... and doubles the decisions the next switch must wait for, up to 2**3 times
+REFILL_WAVE = 4.0  # plain decode's prefill batches admit this many requests on average, or more: its
+#                   refills come in waves, which a probe would scatter (see _probe_scatters)
 
 
 class GoodputArgs(PolicyArgs):
@@ -190,8 +193,10 @@ class Goodput:
             self._recheck_at = None
             self._probe_at = x.step
             return self._say(True, "recheck", c)
+        scatters = self._probe_scatters(v)
         near_every = self.reprobe_near << self._probe_misses
-        if x.steps_in_mode >= near_every and g > 1.0 - 2.0 * self.margin and x.steps_in_mode % near_every == 0:
+        if not scatters and x.steps_in_mode >= near_every and g > 1.0 - 2.0 * self.margin \
+                and x.steps_in_mode % near_every == 0:
             # A near tie decided off: the acceptance behind it may have been a dip (it is not
             # measured while off), so look again soon; a probe costs little where the modes are close.
             # Each probe the model soon turns back doubles the wait for the next one.
@@ -201,7 +206,7 @@ class Goodput:
             # Acceptance may have changed, or the speculative costs be stale: probe if more
             # acceptance could win, and in any case after STALE_PROBE_FACTOR x as long.
             hopeful = self.seconds_per_token(x, x.accept_length * REPROBE_ACCEPT_FACTOR)
-            if (hopeful is not None and hopeful[1] > hopeful[0]) or \
+            if (not scatters and hopeful is not None and hopeful[1] > hopeful[0]) or \
                     x.steps_in_mode % (STALE_PROBE_FACTOR * self.reprobe) == 0:
                 return self._say(True, "probe", c)  # dwell holds it min_dwell steps
         return self._say(False, why, c)
@@ -227,6 +232,20 @@ class Goodput:
         # "persist": the average, or this decision alone, would switch; waiting for the average
         leaning = other_leads or toward * (math.log(g) - threshold) > 0
         return self._say(prev, "persist" if leaning else "model", c)
+
+    @staticmethod
+    def _probe_scatters(v) -> bool:
+        """Whether a probe would cost plain decode its refill waves: its prefill batches (this
+        stretch's, else its history's) admit REFILL_WAVE requests or more, because requests that
+        started together finish together.  A speculative stretch, however short, staggers their
+        finishes, and in a closed loop the staggering stays: on the H200 (pair1o-hi-row1, C=70)
+        23 probe steps turned 10 refill waves into 60 small prefill batches, and the plain steps
+        after them into 0.775x of a plain server.  Near-tie and hopeful probes are not worth
+        that; the stale probe remains."""
+        n = v.batch_size_stretch(False)
+        if n is None:
+            n = v.batch_size_history(False)
+        return n is not None and n >= REFILL_WAVE
 
     def _reset_lead(self) -> None:
         self._lead, self._lead_n = 0.0, 0
