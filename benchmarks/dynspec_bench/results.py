@@ -212,11 +212,12 @@ def portable_text(text: str, roots=(REPO_ROOT,)) -> str:
 
 
 def portable(value, roots=(REPO_ROOT,)):
-    """``portable_text`` on every string of a record (keys are names, never paths)."""
+    """``portable_text`` on every string of a record, keys included (rank_traces keys its
+    agreement by trace path)."""
     if isinstance(value, str):
         return portable_text(value, roots)
     if isinstance(value, dict):
-        return {k: portable(v, roots) for k, v in value.items()}
+        return {portable(k, roots) if isinstance(k, str) else k: portable(v, roots) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [portable(v, roots) for v in value]
     return value

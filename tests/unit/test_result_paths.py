@@ -32,6 +32,14 @@ def test_new_records_hold_repo_relative_and_tmp_paths(tmp_path):
     assert record["model"] == model  # the harness keeps its real paths; only the file is portable
 
 
+def test_keys_holding_machine_paths_are_made_portable_too():
+    # rank_traces keys its agreement by trace folder: the JSON text holds the path as a key.
+    record = {"tp_rank_agreement": {"/tmp/dynspec-logs-x/trace/dyn [goodput]": {"agree": True}}}
+    text = json.dumps(record, indent=1)
+    assert json.loads(portable_results.rewrite(text)) == {
+        "tp_rank_agreement": {"<tmp>/dynspec-logs-x/trace/dyn [goodput]": {"agree": True}}}
+
+
 def test_committed_results_hold_no_machine_paths():
     assert portable_results.main(["--check"]) == 0
 
