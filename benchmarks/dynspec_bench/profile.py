@@ -26,6 +26,24 @@ def _events(path: Path) -> list[dict]:
     return [e for e in evs if e.get("ph") == "X" and "dur" in e]
 
 
+def _is_wait(e: dict) -> bool:
+    """A CUDA call that blocks the host until the GPU gets there (explicit synchronisation, or a
+    device-to-pageable-host copy such as v1's .tolist() of the sampled tokens)."""
+    name = e.get("name", "")
+    return e.get("cat") in ("cuda_runtime", "cuda_driver") and ("Synchronize" in name or "Memcpy" in name)
+
+
+def _is_own_python(e: dict) -> bool:
+    """A Python function of SGLang or the plugin (traces recorded with stacks)."""
+    name = e.get("name", "")
+    return e.get("cat") == "python_function" and ".py(" in name and ("sglang" in name or "dynspec" in name)
+
+
+def _busiest_tid(ranges: list[dict]):
+    """The thread holding most of ``ranges``: the scheduler's."""
+    return max({e.get("tid") for e in ranges}, key=lambda t: sum(1 for e in ranges if e.get("tid") == t))
+
+
 def _union_us(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, None
     for s, e in sorted(intervals):
@@ -61,7 +79,7 @@ def analyze_trace(path: str | Path, steps: int, top: int = 12) -> dict:
             kernels[name].append(dur)
         elif cat == "cpu_op":
             cpu_ops[name].append(dur)
-        elif cat == "python_function" and (".py(" in name and ("sglang" in name or "dynspec" in name)):
+        elif _is_own_python(e):
             py_funcs[name].append(dur)
         elif cat == "cuda_runtime" or cat == "cuda_driver":
             runtime[name] += 1
@@ -104,12 +122,9 @@ def _scheduler_thread_split(evs: list[dict], steps: int, window: float) -> dict 
            and (e.get("name", "").startswith("step[") or e.get("name", "").startswith("dynspec."))]
     if not ann:
         return None
-    tid = max({e.get("tid") for e in ann}, key=lambda t: sum(1 for e in ann if e.get("tid") == t))
+    tid = _busiest_tid(ann)
     forward = _union_us([(e["ts"], e["ts"] + e["dur"]) for e in ann if e.get("tid") == tid])
-    # A device-to-pageable-host cudaMemcpy(Async) also blocks until the GPU gets there (v1's
-    # .tolist() of the sampled tokens): counted as waiting, like the explicit synchronisations.
-    waits = [e for e in evs if e.get("tid") == tid and e.get("cat") in ("cuda_runtime", "cuda_driver")
-             and ("Synchronize" in e.get("name", "") or "Memcpy" in e.get("name", ""))]
+    waits = [e for e in evs if e.get("tid") == tid and _is_wait(e)]
     wait = sum(float(e["dur"]) for e in waits)
     in_fwd = _union_us([(e["ts"], e["ts"] + e["dur"]) for e in waits
                         if any(a["ts"] <= e["ts"] <= a["ts"] + a["dur"] for a in ann if a.get("tid") == tid)])
@@ -241,9 +256,9 @@ def _window_stats(evs_tid: list[dict], kernels: list[tuple[float, float]], windo
         if cat == "user_annotation" and (name.startswith("step[") or name.startswith("dynspec.")):
             key = name.split(" bs=")[0] + "]" if name.startswith("step[") else name
             ranges[key] += dur
-        elif cat in ("cuda_runtime", "cuda_driver") and ("Synchronize" in name or "Memcpy" in name):
+        elif _is_wait(ev):
             waits += dur
-        elif cat == "python_function" and ".py(" in name and ("sglang" in name or "dynspec" in name):
+        elif _is_own_python(ev):
             funcs[name] += dur
     walls = sorted(e - s for s, e in windows)
     return {
@@ -268,7 +283,7 @@ def analyze_prefill_windows(path: str | Path, top: int = 40) -> dict:
     steps = [e for e in evs if e.get("cat") == "user_annotation" and e.get("name", "").startswith("step[")]
     if not steps:
         return {"error": "no step[...] ranges in the trace", "trace": Path(path).name}
-    tid = max({e.get("tid") for e in steps}, key=lambda t: sum(1 for e in steps if e.get("tid") == t))
+    tid = _busiest_tid(steps)
     steps = sorted((e for e in steps if e.get("tid") == tid), key=lambda e: e["ts"])
     decode_starts = [e["ts"] for e in steps if e["name"].startswith("step[DECODE")]
     extends = [e for e in steps if e["name"].startswith("step[EXTEND")]
