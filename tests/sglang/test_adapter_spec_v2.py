@@ -871,7 +871,7 @@ def test_prepare_chooses_the_light_prefill_only_where_allowed(m, up, monkeypatch
     from sglang_dynspec.adapters import draft_kv
 
     light = draft_kv.LightSync(topk=1, draft_hidden=6, draft_dtype=torch.bfloat16)
-    monkeypatch.setattr(draft_kv, "prepare", lambda runner, topk, who, mode: light if mode == "light" else None)
+    monkeypatch.setattr(draft_kv, "prepare", lambda runner, topk, who, mode, sizes, contexts: light if mode == "light" else None)
     release = compat.light_prefill_release_problem()
     cases = {(): release is None,
              (("prefill_draft_sync", "full"),): False,

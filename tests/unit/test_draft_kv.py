@@ -71,3 +71,91 @@ def test_prepare_turns_the_light_sync_on_only_where_allowed():
     assert (light.topk, light.draft_hidden, light.draft_dtype) == (4, 8, "bf16")
     assert draft_kv.prepare(runner(LlamaForCausalLMEagle3(layers=2)), 4, "test", "light") is None
     assert draft_kv.prepare(r, 4, "test", "full") is None
+
+
+# --- the recorded write (WriteGraphs): what an off-step hands a replay ---------------------------
+
+class _Recorded:
+    """Stands in for one CUDA graph of ``size`` rows: its replay reads the static inputs as the
+    recorded write does (the first ``size`` rows) and keeps what it read."""
+
+    def __init__(self, g, size, seen):
+        self.g, self.size, self.seen = g, size, seen
+
+    def replay(self):
+        g, b = self.g, self.size
+        self.seen.append((b, g.tokens[:b].clone(), g.hidden[:b].clone(), g.positions[:b].clone(), g.locs[:b].clone()))
+
+
+def _graphs(sizes=(1, 2, 4, 8), width=3):
+    torch = pytest.importorskip("torch")
+    top = max(sizes)
+    g = draft_kv.WriteGraphs(tuple(sizes), {}, torch.zeros(top, dtype=torch.int64), torch.zeros(top, width),
+                             torch.zeros(top, dtype=torch.int64), torch.zeros(top, dtype=torch.int64))
+    seen = []
+    g.graphs = {b: _Recorded(g, b, seen) for b in sizes}
+    return torch, g, seen
+
+
+def test_a_batch_replays_the_smallest_graph_that_holds_it_and_pads_with_slot_zero():
+    torch, g, seen = _graphs()
+    assert [g.size_for(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, None]
+    # A full batch of 8 leaves its slots in the static input ...
+    assert g.run(torch.arange(8), torch.ones(8, 3), torch.arange(8) + 100, torch.arange(8) + 50)
+    # ... then 3 rows run the 4-row graph: row 3 must write the padding slot, not a slot of the old batch.
+    tokens, hidden = torch.tensor([5, 6, 7], dtype=torch.int32), torch.full((3, 3), 2.0)
+    assert g.run(tokens, hidden, torch.tensor([10, 11, 12], dtype=torch.int32), torch.tensor([20, 21, 22]))
+    size, t, h, p, loc = seen[-1]
+    assert size == 4
+    assert t[:3].tolist() == [5, 6, 7] and p[:3].tolist() == [10, 11, 12] and bool((h[:3] == 2.0).all())
+    assert loc.tolist() == [20, 21, 22, 0]
+    assert t.dtype == torch.int64 and p.dtype == torch.int64  # the recorded dtypes, whatever came in
+
+
+def test_rows_no_graph_holds_run_eager():
+    torch, g, seen = _graphs()
+    assert not g.run(torch.arange(9), torch.ones(9, 3), torch.arange(9), torch.arange(9))  # above the largest
+    assert not g.run(torch.arange(2), torch.ones(2, 4), torch.arange(2), torch.arange(2))  # other hidden width
+    assert not g.run(torch.arange(0), torch.ones(0, 3), torch.arange(0), torch.arange(0))
+    assert seen == []
+
+
+def test_light_sync_writes_by_replay_else_eagerly_inside_the_draft_contexts(monkeypatch):
+    torch, g, seen = _graphs()
+    eager, entered = [], []
+    monkeypatch.setattr(draft_kv, "write", lambda runner, tok, hid, pos, loc: eager.append(int(tok.shape[0])))
+
+    class Ctx:
+        def __enter__(self):
+            entered.append(True)
+
+        def __exit__(self, *exc):
+            return False
+
+    light = draft_kv.LightSync(topk=1, draft_hidden=3, draft_dtype=torch.float32, graphs=g)
+    light.write(None, torch.arange(3), torch.ones(3, 3), torch.arange(3), torch.arange(3), Ctx)
+    assert [s[0] for s in seen] == [4] and eager == [] and entered == []
+    light.write(None, torch.arange(12), torch.ones(12, 3), torch.arange(12), torch.arange(12), Ctx)
+    assert eager == [12] and entered == [True]
+    light.graphs = None
+    light.write(None, torch.arange(2), torch.ones(2, 3), torch.arange(2), torch.arange(2), Ctx)
+    assert eager == [12, 2] and len(seen) == 1
+
+
+def test_the_write_is_recorded_at_the_off_step_graphs_sizes_only_with_them():
+    from sglang_dynspec.adapters import offstep_graphs
+
+    assert offstep_graphs.capture_sizes(None) is None
+    assert offstep_graphs.capture_sizes({"runner": NS(capture_bs=[8, 1, 4, 2])}) == [1, 2, 4, 8]
+    assert offstep_graphs.capture_sizes({"runner": NS()}) is None
+
+
+def test_a_tensor_parallel_draft_is_not_recorded():
+    torch = pytest.importorskip("torch")
+    fc = NS(weight=torch.zeros(4, 12))
+    model = NS(model=NS(fc=fc))
+    assert "tensor-parallel" in draft_kv._graph_problem(NS(tp_size=2, model=model))
+    assert draft_kv._graph_problem(NS(tp_size=1, model=model)) is None
+    assert "fc" in draft_kv._graph_problem(NS(tp_size=1, model=NS(model=NS(fc=NS()))))
+    # capture_write says why and returns None before touching CUDA
+    assert draft_kv.capture_write(NS(tp_size=2, model=model), [1, 2], lambda: None, "test") is None

@@ -85,6 +85,15 @@ def capture(model_runner, need_hidden: bool) -> dict:
     }
 
 
+def capture_sizes(graphs) -> list[int] | None:
+    """The batch sizes the off-step graphs cover (None without them): the light draft write is
+    recorded at the same sizes, so a graphed off-step is graphed throughout."""
+    if not graphs:
+        return None
+    sizes = getattr(graphs["runner"], "capture_bs", None)
+    return sorted(int(b) for b in sizes) if sizes else None
+
+
 @contextlib.contextmanager
 def active(model_runner, graphs):
     """Swap the target's attention backend and decode graph runner for the off-step ones."""

@@ -398,8 +398,9 @@ def _result(result_cls, out, predict, stride: int, next_draft_input, accept_lens
 def _sync_draft_light(worker, st: SpecV2State, batch, new_tokens, target_hidden, window) -> None:
     """3a. Draft KV of position seq_lens from (target hidden there, new token), nothing else."""
     st.light_pending = True
-    with span("dynspec.offstep.draft_kv"), compat.draft_contexts(worker):
-        draft_kv.write(worker.draft_worker.draft_runner, new_tokens, target_hidden, batch.seq_lens, window)
+    with span("dynspec.offstep.draft_kv"):
+        st.light.write(worker.draft_worker.draft_runner, new_tokens, target_hidden, batch.seq_lens, window,
+                       lambda: compat.draft_contexts(worker))
 
 
 def _sync_draft_full(worker, st: SpecV2State, batch, result, window, predict, accept_lens, fwd_stream) -> None:
@@ -513,7 +514,8 @@ def prepare(worker, settings) -> None:
         return
     st.graphs = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
     st.light = draft_kv.prepare(getattr(getattr(worker, "draft_worker", None), "draft_runner", None),
-                                getattr(worker, "topk", 1), "spec_v2", settings.offstep_draft_sync)
+                                getattr(worker, "topk", 1), "spec_v2", settings.offstep_draft_sync,
+                                offstep_graphs.capture_sizes(st.graphs), lambda: compat.draft_contexts(worker))
     problem = light_prefill_problem(st, settings)
     st.light_prefill = problem is None
     logger.info("dynspec spec_v2: prefills while off %s", "write the draft KV directly (light)" if problem is None

@@ -234,8 +234,9 @@ def _sync_draft_light(worker, batch, st: AdapterState, keep, n_unfinished: int, 
     unfinished rows that is never drafted from: the runtime runs a resume step first."""
     import torch
 
-    with span("dynspec.offstep.draft_kv"), compat.spec_contexts(worker):
-        draft_kv.write(worker.draft_model_runner, next_token_ids, target_hidden, batch.seq_lens - 1, out_cache_loc)
+    with span("dynspec.offstep.draft_kv"):
+        st.light.write(worker.draft_model_runner, next_token_ids, target_hidden, batch.seq_lens - 1, out_cache_loc,
+                       lambda: compat.spec_contexts(worker))
     toks = _rows(next_token_ids, keep).to(torch.int32)
     ph = st.light.placeholder_rows(n_unfinished, toks.device)
     # Materialised: the scheduler filters and concatenates these rows in place.
@@ -318,7 +319,8 @@ def prepare(worker, settings) -> None:
     st.prepared = True  # first: a failing capture is not retried
     st.graphs = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
     st.light = draft_kv.prepare(getattr(worker, "draft_model_runner", None), getattr(worker, "topk", 1), "v1",
-                                settings.offstep_draft_sync)
+                                settings.offstep_draft_sync, offstep_graphs.capture_sizes(st.graphs),
+                                lambda: compat.spec_contexts(worker))
 
 
 def forward_prefill_off(worker, batch, *args, **kwargs):
