@@ -199,9 +199,16 @@ async def send_one(
     return res
 
 
+# Idle pooled connections are dropped after this many seconds, before the server's keep-alive
+# timeout (SGLANG_TIMEOUT_KEEP_ALIVE, 5 s) closes them: a request sent on a connection the server is
+# closing fails with "Server disconnected" (aiohttp keeps them 15 s; pair1q-rows34 lost the first
+# request of a low phase, sent on a connection idle since the high phase before it).
+KEEPALIVE_S = 2.0
+
+
 def _session(limit: int, timeout_s: float) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit),  # 0 = unlimited
+        connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_S),  # limit 0 = unlimited
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s),
     )
 

@@ -4,6 +4,8 @@ With ``SGLANG_DYNSPEC_TRACE_FILE=<dir>/<stem>.jsonl`` every scheduler process (o
 writes ``<stem>.<pid>.jsonl``: one line per decode step with the step number, batch size and the
 decision.  Ranks that agree have identical (step, bs, on) sequences.  A process killed at shutdown
 may lose the tail of its buffered file, so the sequences are compared over their common length.
+A server with a single process (TP=1) has nothing to compare: its entry has ``compared: false``,
+a ``reason`` and ``agree: null``, and does not fail the exit status (only a difference does).
 
     python -m benchmarks.dynspec_bench.rank_traces <dir> [--stats STATS_DIR] [--into result.json]
 
@@ -38,13 +40,8 @@ def read_trace(path: Path) -> list[tuple[int, int, bool]]:
     return rows
 
 
-def compare_group(paths: list[Path]) -> dict:
-    traces = {p.name: read_trace(p) for p in sorted(paths)}
-    # Empty files: processes that never decided (or lost their whole buffer at a kill).
-    empty = sorted(k for k, v in traces.items() if not v)
-    traces = {k: v for k, v in traces.items() if v}
-    lengths = {k: len(v) for k, v in traces.items()}
-    n = min(lengths.values()) if lengths else 0
+def _first_difference(traces: dict[str, list[tuple[int, int, bool]]], n: int) -> dict | None:
+    """The earliest of the first n rows where some trace differs from the first one, or None."""
     ref_name = next(iter(traces), None)
     first_diff = None
     for name, rows in traces.items():
@@ -55,7 +52,28 @@ def compare_group(paths: list[Path]) -> dict:
                 if first_diff is None or i < first_diff["index"]:
                     first_diff = {"index": i, ref_name: traces[ref_name][i], name: rows[i]}
                 break
-    ref = traces.get(ref_name, [])[:n]
+    return first_diff
+
+
+def _not_compared_reason(processes: int) -> str | None:
+    """Why a group has no verdict: agreement needs two processes that decided."""
+    if processes == 0:
+        return "no process decided: nothing to compare"
+    if processes == 1:
+        return "one process: nothing to compare"
+    return None
+
+
+def compare_group(paths: list[Path]) -> dict:
+    traces = {p.name: read_trace(p) for p in sorted(paths)}
+    # Empty files: processes that never decided (or lost their whole buffer at a kill).
+    empty = sorted(k for k, v in traces.items() if not v)
+    traces = {k: v for k, v in traces.items() if v}
+    lengths = {k: len(v) for k, v in traces.items()}
+    n = min(lengths.values()) if lengths else 0
+    first_diff = _first_difference(traces, n)
+    reason = _not_compared_reason(len(traces))
+    ref = next(iter(traces.values()), [])[:n]
     return {
         "processes": len(traces),
         "empty_files": empty,
@@ -63,9 +81,22 @@ def compare_group(paths: list[Path]) -> dict:
         "steps_compared": n,
         "steps_on_compared": sum(1 for r in ref if r[2]),
         "switches_compared": sum(1 for a, b in zip(ref, ref[1:]) if a[2] != b[2]),
-        "agree": first_diff is None and len(traces) > 1,
+        # A single process (TP=1) agrees with nobody and differs from nobody: no verdict (null).
+        "compared": reason is None,
+        "reason": reason,
+        "agree": None if reason else first_diff is None,
         "first_difference": first_diff,
     }
+
+
+def summary_line(stem: str, r: dict) -> str:
+    """One console line per group: AGREE, DIFFER with the first difference, or why not compared."""
+    counts = f"({r['steps_on_compared']} on, {r['switches_compared']} switches)"
+    if not r["compared"]:  # the counts then describe the lone trace, not a comparison
+        return (f"{stem}: {r['processes']} process(es), {r['steps_compared']} steps {counts}: "
+                f"NOT COMPARED, {r['reason']}")
+    verdict = "AGREE" if r["agree"] else "DIFFER " + json.dumps(r["first_difference"])
+    return f"{stem}: {r['processes']} processes, {r['steps_compared']} steps compared {counts}: {verdict}"
 
 
 _STATS = re.compile(r"^stats-(?P<pid>\d+)\.json$")
@@ -110,14 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no <stem>.<pid>.jsonl traces under {args.directory}", file=sys.stderr)
         return 2
     for stem, r in out.items():
-        print(f"{stem}: {r['processes']} processes, {r['steps_compared']} steps compared "
-              f"({r['steps_on_compared']} on, {r['switches_compared']} switches): "
-              f"{'AGREE' if r['agree'] else 'DIFFER ' + json.dumps(r['first_difference'])}")
+        print(summary_line(stem, r))
     if args.into and Path(args.into).exists():
         rec = json.loads(Path(args.into).read_text())
         rec["tp_rank_agreement"] = next(iter(out.values())) if len(out) == 1 else out
         Path(args.into).write_text(json.dumps(rec, indent=1))
-    return 0 if all(r["agree"] for r in out.values()) else 1
+    # Only a difference fails: a single-process server has nothing to disagree about.
+    return 1 if any(r["agree"] is False for r in out.values()) else 0
 
 
 if __name__ == "__main__":

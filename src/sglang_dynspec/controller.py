@@ -82,6 +82,8 @@ FAILURE_CHECK_STEPS = 16
 # lifetime on the H200 (row 2, C=5).
 NEW_LOAD_MIN_ROWS = 4
 NEW_LOAD_SHARE = 0.5
+# Speculation resuming after this many plain steps restarts the acceptance average (see step_mode).
+ACCEPT_STALE_STEPS = 256
 
 
 class Controller:
@@ -130,6 +132,7 @@ class Controller:
         self.steps_in_mode = 0
         self.accept_length = 0.0
         self.accept_samples = 0
+        self._accept_recent = 0  # samples since the acceptance average last restarted (its weights)
         # timing chain: the previous decode step's (start time, mode, bs)
         self._t_prev: float | None = None
         self._t_other: float | None = None  # start of the first non-decode batch since _t_prev
@@ -218,10 +221,16 @@ class Controller:
             decision = False
             self.stats["steps_forced_off"] += 1
         else:
-            decision = self._ask(decode_bs, running, waiting, new_load)
+            decision = self._ask(decode_bs, running, waiting, new_load, fresh=0 < decode_bs <= rows)
 
         switched = self.prev is not None and decision != self.prev
         if switched:
+            if decision and self.steps_in_mode >= ACCEPT_STALE_STEPS:
+                # Acceptance is not measured while off: after a long plain stretch the average may be
+                # another workload's (temperature 0.7 before greedy on the H200 pair, pair1q-rows34),
+                # and at small batches its row weighting would take hundreds of steps to forget it.
+                # The new samples outweigh it (accept_weight); the policy still counts it as known.
+                self._accept_recent = 0
             self.stats["switches"] += 1
             self.steps_in_mode = 1
             self.prefill.new_stretch(decision)
@@ -301,19 +310,20 @@ class Controller:
         sample = 1.0 + accepted_drafts / decode_bs
         self.accept_length += self.accept_weight(decode_bs) * (sample - self.accept_length)
         self.accept_samples += 1
+        self._accept_recent += 1
 
     def accept_weight(self, decode_bs: int) -> float:
         """Weight of the next speculative step's sample in the acceptance average: by rows, since a
         step of one request is one noisy sample (a hard prompt dips it for a few steps, and a dip
         that decides "off" is not corrected while off) and a step of 100 is many."""
-        return max(1.0 / (self.accept_samples + 1), min(1.0, decode_bs / self.accept_memory_rows))
+        return max(1.0 / (self._accept_recent + 1), min(1.0, decode_bs / self.accept_memory_rows))
 
     # --- internals ------------------------------------------------------------------
-    def _ask(self, decode_bs: int, running: int, waiting: int, new_load: bool = False) -> bool:
+    def _ask(self, decode_bs: int, running: int, waiting: int, new_load: bool = False, fresh: bool = False) -> bool:
         if self.failed is not None:
             return self.safe_value
         x = StepInputs(self.step, decode_bs, running, waiting, self.accept_length,
-                       self.accept_samples, self.prev, self.steps_in_mode, self.view, new_load)
+                       self.accept_samples, self.prev, self.steps_in_mode, self.view, new_load, fresh)
         t0 = self.clock()
         try:
             d = self.policy.decide(x)

@@ -138,3 +138,39 @@ def test_sampling_params_rejects_bad_values():
     with pytest.raises(ValueError, match="temperature"):
         loadgen.sampling_params(4, temperature=-1)
     assert loadgen.sampling_params(4) == {"max_new_tokens": 4, "ignore_eos": True, "temperature": 0.0}
+
+
+def test_idle_connections_are_dropped_before_the_servers_keep_alive_ends():
+    # SGLang closes a connection idle for 5 s (SGLANG_TIMEOUT_KEEP_ALIVE); a request sent on one it is
+    # closing fails ("Server disconnected").  The client must not reuse one idle that long.
+    from aiohttp import web
+
+    assert loadgen.KEEPALIVE_S < 5.0
+
+    async def scenario():
+        ports = []
+
+        async def handler(request):
+            ports.append(request.transport.get_extra_info("peername")[1])
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_get("/", handler)
+        runner = web.AppRunner(app, keepalive_timeout=60)  # this server would keep them open
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/"
+        try:
+            async with loadgen._session(0, 10) as session:
+                for pause in (0.0, 0.1, loadgen.KEEPALIVE_S + 0.5):
+                    await asyncio.sleep(pause)
+                    async with session.get(url) as resp:
+                        await resp.text()
+        finally:
+            await runner.cleanup()
+        return ports
+
+    ports = asyncio.run(scenario())
+    assert ports[0] == ports[1]  # reused while fresh
+    assert ports[2] != ports[1]  # a new connection after the idle gap

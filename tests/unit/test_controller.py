@@ -486,3 +486,44 @@ def test_verify_rows_reach_the_agreed_view_and_the_trace_record():
         c.step_mode(4, 4, 0)
     assert c.view is not None and c.view.verify_rows == 16
     assert seen and all(r.verify_rows == 16 for r in seen)
+
+
+def test_speculation_after_a_long_plain_stretch_restarts_the_acceptance_average():
+    # Acceptance is not measured while off: after a long plain stretch the average may be another
+    # workload's.  One request per step forgets slowly (see above), so the average restarts.
+    on_at = {0, 300}
+    c = Controller(Scripted(lambda x: x.step in on_at or x.step > 300))
+    assert c.step_mode(1) is StepMode.ON
+    for _ in range(200):
+        c.on_result(1, 0)  # 1.0 token per step: a hard workload
+    for _ in range(299):
+        assert c.step_mode(1) is StepMode.OFF
+    assert c.step_mode(1) is StepMode.ON  # after 299 plain steps
+    for _ in range(10):
+        c.on_result(1, 2)  # 3.0: greedy now
+    assert c.accept_length == pytest.approx(3.0)
+    assert c.accept_samples == 210  # still known: no second learning phase for the policy
+    # a short plain stretch keeps the average
+    d = Controller(Scripted(lambda x: x.step % 20 == 0))
+    d.step_mode(1)
+    for _ in range(200):
+        d.on_result(1, 0)
+    for _ in range(19):
+        d.step_mode(1)
+    assert d.step_mode(1) is StepMode.ON
+    for _ in range(10):
+        d.on_result(1, 2)
+    assert d.accept_length < 1.2
+
+
+def test_a_batch_that_drained_and_began_again_is_fresh():
+    seen = []
+    c = Controller(Scripted(lambda x: seen.append(x.fresh_batch) or False))
+    c.on_other(new_rows=2)
+    c.step_mode(2)  # both rows admitted since the previous step (none before)
+    c.step_mode(2)
+    c.on_other(new_rows=1)
+    c.step_mode(3)  # one new among three: a refill, not fresh
+    c.on_other(new_rows=1)
+    c.step_mode(1)  # the three finished, one new request
+    assert seen == [True, False, False, True]

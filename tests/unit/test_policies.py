@@ -7,8 +7,8 @@ from sglang_dynspec.errors import ConfigError
 from sglang_dynspec.policies import StepInputs, build_policy
 
 
-def inputs(step=0, bs=1, prev=None, dwell=0, acc=0.0, samples=0, costs=None, new_load=False):
-    return StepInputs(step, bs, bs, 0, acc, samples, prev, dwell, costs, new_load)
+def inputs(step=0, bs=1, prev=None, dwell=0, acc=0.0, samples=0, costs=None, new_load=False, fresh=False):
+    return StepInputs(step, bs, bs, 0, acc, samples, prev, dwell, costs, new_load, fresh)
 
 
 def run(policy, sizes, **kw):
@@ -438,3 +438,31 @@ def test_goodput_does_not_probe_where_plain_refills_are_batched():
     c_on, c_off, _ = r.seconds_per_token(inputs(bs=4, acc=1.92, costs=both))
     assert 0.9 < c_off / c_on < 1.0
     assert r.decide(inputs(bs=4, prev=False, dwell=64, acc=1.92, samples=50, costs=both)) is False
+
+
+def test_goodput_probes_when_a_fresh_batch_begins_if_more_acceptance_could_win():
+    # Plain decode 33 % ahead at acceptance 1.5 (break-even 2.0): no near-tie probe, and the hopeful
+    # probe only after reprobe_every plain steps; but when the batch drained and a new one began
+    # (the workload may have changed: greedy after sampled requests), one after reprobe_near steps.
+    v = view(lambda b: 10.0, lambda b: 5.0)
+    p = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 10**6})
+    x = dict(bs=1, prev=False, acc=1.5, samples=50, costs=v)
+    assert p.decide(inputs(**x, dwell=64)) is False
+    assert p.decide(inputs(**x, dwell=63, fresh=True)) is False
+    assert p.decide(inputs(**x, dwell=64, fresh=True)) is True and p.explain()["why"] == "fresh"
+    # not where even 1.5x the acceptance would lose
+    q = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 10**6})
+    assert q.decide(inputs(**dict(x, acc=1.2), dwell=64, fresh=True)) is False
+
+
+def test_goodput_fresh_probes_spare_refill_waves_but_a_small_batch_holds_none():
+    batched = _prefill_view(off_batch=8)  # plain decode's refills come 8 at a time
+    p = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 10**6})
+    acc = 1.5
+    hopeful_on, hopeful_off, _ = p.seconds_per_token(inputs(bs=8, acc=acc * 1.5, costs=batched))
+    assert hopeful_on < hopeful_off  # more acceptance would win here ...
+    x = dict(prev=False, acc=acc, samples=50, costs=batched, dwell=64, fresh=True)
+    assert p.decide(inputs(bs=8, **x)) is False  # ... but a probe would break the waves
+    hopeful_on, hopeful_off, _ = p.seconds_per_token(inputs(bs=2, acc=acc * 1.5, costs=batched))
+    assert hopeful_on < hopeful_off
+    assert p.decide(inputs(bs=2, **x)) is True and p.explain()["why"] == "fresh"  # two requests hold no wave

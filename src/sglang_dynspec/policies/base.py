@@ -28,6 +28,7 @@ class StepInputs:
     steps_in_mode: int  # consecutive decode steps in the previous decision's mode
     costs: Any = None  # sglang_dynspec.costs.CostView or None
     new_load: bool = False  # the batch grew by a burst of new requests since the previous decode step (not a refill)
+    fresh_batch: bool = False  # every request in this batch was admitted since the previous decode step (it had drained)
 
 
 @runtime_checkable

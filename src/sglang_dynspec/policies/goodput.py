@@ -18,8 +18,9 @@ arrives and plain decode could win if it batches their successors well (the only
 that); after ``reprobe_near`` plain steps a short speculative probe if the modes are within two margins
 (acceptance is not measured while off; the dip that decided it may be gone); after ``reprobe_every``
 plain steps one if speculation could win with 1.5x today's acceptance (after 4x as long in any
-case, in case its costs are stale); neither of the first two while plain decode refills in waves
-(a probe would scatter them for good in a closed loop).  Hysteresis (``margin``), a lead averaged over ``persist``
+case, in case its costs are stale), and the same hopeful probe after ``reprobe_near`` plain steps
+when the batch drained and a new one began; none but the stale one while plain decode refills in
+waves (a probe would scatter them for good in a closed loop).  Hysteresis (``margin``), a lead averaged over ``persist``
 decisions and ``min_dwell`` stop flapping; where the modes tie, switches that reverse recent ones
 and probes the model turns back make the next one wait longer.  The end of a trial is judged
 without the margin, so a toss-up speculates.
@@ -193,8 +194,14 @@ class Goodput:
             self._recheck_at = None
             self._probe_at = x.step
             return self._say(True, "recheck", c)
-        scatters = self._probe_scatters(v)
+        scatters = self._probe_scatters(v, x.decode_bs)
         near_every = self.reprobe_near << self._probe_misses
+        if x.fresh_batch and not scatters and x.steps_in_mode >= near_every and self._hopeful(x):
+            # The batch drained and a new one began: the workload may have changed with it (greedy after
+            # sampled requests: pair1q-rows34 stayed plain through a low phase on an acceptance of 1.79
+            # where greedy had 2.4).  A probe there costs a few small steps; backed off like the others.
+            self._probe_at = x.step
+            return self._say(True, "fresh", c)
         if not scatters and x.steps_in_mode >= near_every and g > 1.0 - 2.0 * self.margin \
                 and x.steps_in_mode % near_every == 0:
             # A near tie decided off: the acceptance behind it may have been a dip (it is not
@@ -205,11 +212,14 @@ class Goodput:
         if x.steps_in_mode >= self.reprobe:
             # Acceptance may have changed, or the speculative costs be stale: probe if more
             # acceptance could win, and in any case after STALE_PROBE_FACTOR x as long.
-            hopeful = self.seconds_per_token(x, x.accept_length * REPROBE_ACCEPT_FACTOR)
-            if (not scatters and hopeful is not None and hopeful[1] > hopeful[0]) or \
-                    x.steps_in_mode % (STALE_PROBE_FACTOR * self.reprobe) == 0:
+            if (not scatters and self._hopeful(x)) or x.steps_in_mode % (STALE_PROBE_FACTOR * self.reprobe) == 0:
                 return self._say(True, "probe", c)  # dwell holds it min_dwell steps
         return self._say(False, why, c)
+
+    def _hopeful(self, x: StepInputs) -> bool:
+        """Whether speculation would win with REPROBE_ACCEPT_FACTOR x today's acceptance."""
+        hopeful = self.seconds_per_token(x, x.accept_length * REPROBE_ACCEPT_FACTOR)
+        return hopeful is not None and hopeful[1] > hopeful[0]
 
     def _contest(self, prev: bool, g: float, c) -> bool:
         """Switch once the other mode leads by more than the margin on average over recent model
@@ -234,14 +244,17 @@ class Goodput:
         return self._say(prev, "persist" if leaning else "model", c)
 
     @staticmethod
-    def _probe_scatters(v) -> bool:
+    def _probe_scatters(v, bs: int) -> bool:
         """Whether a probe would cost plain decode its refill waves: its prefill batches (this
         stretch's, else its history's) admit REFILL_WAVE requests or more, because requests that
         started together finish together.  A speculative stretch, however short, staggers their
         finishes, and in a closed loop the staggering stays: on the H200 (pair1o-hi-row1, C=70)
         23 probe steps turned 10 refill waves into 60 small prefill batches, and the plain steps
         after them into 0.775x of a plain server.  Near-tie and hopeful probes are not worth
-        that; the stale probe remains."""
+        that; the stale probe remains.  A batch of fewer than REFILL_WAVE requests holds no wave
+        (after a burst's waves the batching history still says waves: pair1q-rows34's low phases)."""
+        if bs < REFILL_WAVE:
+            return False
         n = v.batch_size_stretch(False)
         if n is None:
             n = v.batch_size_history(False)
