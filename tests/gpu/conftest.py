@@ -25,6 +25,10 @@ def serve_and_collect():
             if "off-steps disabled" in text:
                 problems.append(f"{mode.name}: adapter refused this worker (log {srv.log_path})")
             notes.append(f"{mode.name}: first-off-step log line {'seen' if 'first off-step' in text else 'NOT seen'}")
+            recorded = "recorded the light draft write" in text
+            notes.append(f"{mode.name}: light draft write {'recorded as CUDA graphs' if recorded else 'eager'}")
+            if "the recorded light draft write differs" in text or "recording the light draft write failed" in text:
+                problems.append(f"{mode.name}: the recorded draft write failed its check (log {srv.log_path})")
         return outputs, problems, notes, text
 
     return run
