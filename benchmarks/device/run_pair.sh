@@ -29,6 +29,11 @@
 #                         Unset/0: always build (the folder is emptied first), as before.
 #   DYNSPEC_PAIR_BUILD_ONLY 1: build (or, with REUSE, find) the pair and exit with the build's status;
 #                         no servers (a caller that must do something else on the GPU before the sweep)
+#   DYNSPEC_PAIR_CMD      sweep (default) | offstep: instead of the sweep, the harness's off-step
+#                         comparison on the pair (`off` against a never-speculating dynspec server: decode
+#                         step times, and with --prefill-c / --prefill-profile-steps the prefill-heavy level
+#                         and its profiled windows); the arguments go to it (DYNSPEC_PAIR_C / _MODES /
+#                         _ACCEPT_* / _MAX_REQ are the sweep's and do not apply)
 #   DYNSPEC_PAIR_BUILD_ARGS extra build_pair arguments, word-split (e.g. toy sizes for a dry run)
 #   DYNSPEC_PAIR_BUILDER  python module that builds the pair (default benchmarks.models.build_pair; a
 #                         CPU dry run substitutes benchmarks.dynspec_bench.testing.fake_build)
@@ -58,6 +63,11 @@ ACCEPT_T=${DYNSPEC_PAIR_ACCEPT_T-0,0.7}
 SIDE=${DYNSPEC_PAIR_SIDE:-out}
 REUSE=${DYNSPEC_PAIR_REUSE:-0}
 BUILD_ONLY=${DYNSPEC_PAIR_BUILD_ONLY:-0}
+CMD=${DYNSPEC_PAIR_CMD:-sweep}
+case "$CMD" in
+  sweep|offstep) ;;
+  *) echo "run_pair.sh: DYNSPEC_PAIR_CMD must be sweep or offstep, got '$CMD'" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT"
 note() { echo "[run_pair +$(( $(date +%s) - T0 ))s] $*"; }
 case "$SIDE" in
@@ -156,20 +166,25 @@ ACCEPT=()
 PACK=
 [ "$SIDE" = logs ] && PACK="$BUILD_LOG $MANIFEST"
 LEFT=$(( END_S - ($(date +%s) - T0) ))
-note "servers wait for their weights; accept pass + sweep, $LEFT s until the deadline"
+SERVERS=(--wait-for-weights "${DYNSPEC_PAIR_WAIT_S:-420}" --wait-abort-file "$FAILED"
+         --model "$MODEL" --draft "$PAIR/draft" --common-flags "$FLAGS")
+if [ "$CMD" = offstep ]; then
+  note "servers wait for their weights; off-step comparison, $LEFT s until the deadline"
+  HARNESS=(offstep "${SERVERS[@]}" "$@")
+else
+  note "servers wait for their weights; accept pass + sweep, $LEFT s until the deadline"
+  HARNESS=(sweep "${SERVERS[@]}" --prompts-file "$PAIR/prompts.json" --kind pair
+           --modes "$MODES" "${ACCEPT[@]}" --pair-manifest "$MANIFEST"
+           -C "$LEVELS" --input-len 256 --output-len 128 --max-requests "${DYNSPEC_PAIR_MAX_REQ:-600}" "$@")
+fi
 DYNSPEC_NAME=$NAME DYNSPEC_BUDGET_S=$LEFT DYNSPEC_SITE=$SITE DYNSPEC_BUNDLE=$BUNDLE OUT=$OUT \
   DYNSPEC_PACK_FILES="${DYNSPEC_PACK_FILES:-} $PACK" \
-  bash "$REPO/benchmarks/device/run_sweep.sh" sweep \
-  --wait-for-weights "${DYNSPEC_PAIR_WAIT_S:-420}" --wait-abort-file "$FAILED" \
-  --model "$MODEL" --draft "$PAIR/draft" --prompts-file "$PAIR/prompts.json" --kind pair \
-  --modes "$MODES" "${ACCEPT[@]}" --pair-manifest "$MANIFEST" \
-  -C "$LEVELS" --input-len 256 --output-len 128 --max-requests "${DYNSPEC_PAIR_MAX_REQ:-600}" \
-  --common-flags "$FLAGS" "$@"
+  bash "$REPO/benchmarks/device/run_sweep.sh" "${HARNESS[@]}"
 RC=$?
 BUILD_RC=0
 [ -n "$BUILD_PID" ] && { wait "$BUILD_PID"; BUILD_RC=$?; }
 [ "$SIDE" = out ] && cp "$MANIFEST" "$OUT/pair-manifest.json" 2>/dev/null
 tail -5 "$BUILD_LOG"
-note "done ($([ -n "$BUILD_PID" ] && echo "build exit $BUILD_RC" || echo "pair reused"), sweep exit $RC); $KIND target; build log and manifest: $([ "$SIDE" = out ] && echo "$OUT" || echo "$OUT/$NAME-logs.tar.xz")"
+note "done ($([ -n "$BUILD_PID" ] && echo "build exit $BUILD_RC" || echo "pair reused"), $CMD exit $RC); $KIND target; build log and manifest: $([ "$SIDE" = out ] && echo "$OUT" || echo "$OUT/$NAME-logs.tar.xz")"
 [ "$BUILD_RC" -eq 0 ] || exit 3
 exit "$RC"

@@ -68,6 +68,18 @@ def calls(tmp_path_factory):
         run("rows34", "rows34")
         run("row2", "row2")
         runs["pair_untouched"] = manifest.stat().st_mtime_ns == built
+        # run_pair.sh's off-step comparison on the same pair (reused), instead of its sweep.
+        names.append(f"{prefix}-offstep")
+        env = {**base, "OUT": str(root / "offstep"), "DYNSPEC_PAIR_CMD": "offstep", "DYNSPEC_PAIR_REUSE": "1",
+               "DYNSPEC_PAIR_NAME": f"{prefix}-offstep", "DYNSPEC_PAIR_SIDE": "logs"}
+        proc = subprocess.run(["bash", str(REPO / "benchmarks/device/run_pair.sh"), "--batch-sizes", "2",
+                               "--input-len", "8", "--output-len", "8", "--start-timeout", "60",
+                               "--base-port", str(free_port_bases(1, 20000)[0])],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        runs["offstep"] = (proc, root / "offstep")
+        bad = subprocess.run(["bash", str(REPO / "benchmarks/device/run_pair.sh")], cwd=REPO,
+                             env={**env, "DYNSPEC_PAIR_CMD": "trace"}, capture_output=True, text=True, timeout=60)
+        runs["bad_cmd"] = (bad, None)
         # A cold machine: no pair, so row2 builds it while the tests run.
         run("row2", "row2-cold", DYNSPEC_PAIR_DIR=str(root / "cold" / "pair"))
         # A build that fails: no sweep (run_pair.sh would only build again), the tests still reported.
@@ -180,3 +192,20 @@ def test_the_pair_folder_is_ignored_so_it_never_travels():
         pytest.skip("not a git checkout")
     probe = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", ".pair/pair/target-padded/model.safetensors"])
     assert probe.returncode == 0
+
+
+def test_run_pair_runs_the_offstep_comparison_on_the_pair_instead_of_the_sweep(calls):
+    runs, p = calls
+    console, out = _ok(runs, "offstep")
+    name = f"{p}-offstep"
+    assert "is reused: no build" in console and "off-step comparison" in console
+    rec = json.loads((out / f"{name}.json").read_text())
+    assert rec["kind"] == "offstep" and set(rec["flags"]) == {"off", "dynspec:never"}
+    assert list(rec["per_bs"]) == ["2"] and rec["per_bs"]["2"]["off_failed"] == 0
+    args = rec["flags"]["off"]["args"]
+    # the pair's trained weights, not the dummy-weight default flags
+    assert "--load-format" not in args and args[args.index("--model-path") + 1].endswith("target-padded")
+    assert rec["draft_model"].endswith("pair/draft")
+    assert "pair-build.log" in _tar_names(out / f"{name}-logs.tar.xz")
+    proc, _ = runs["bad_cmd"]
+    assert proc.returncode == 2 and "DYNSPEC_PAIR_CMD must be sweep or offstep, got 'trace'" in proc.stderr
