@@ -274,3 +274,27 @@ def test_following_the_recorded_decisions_keeps_the_servers_costs(tmp_path, caps
     assert "the recorded decisions applied" in capsys.readouterr().out
     assert main(["replay", "--follow-recorded"]) == 2
     assert "--follow-recorded: only applies with --server-trace" in capsys.readouterr().err
+
+
+H200_ROWS34 = Path(__file__).resolve().parents[2] / "benchmarks/results/pair1q-rows34-logs.tar.xz"
+
+
+def test_a_fresh_batch_after_another_workload_is_probed():
+    """H200, SGLang 0.5.12, pair1q-rows34: after row 3 (temperature 0.7, acceptance 1.79) the server
+    stayed plain through row 4's greedy low phases, where speculation was 1.3x faster: at bs 1
+    speculation looked 20 % slower on the old acceptance, too far for a near-tie probe, and the
+    hopeful probe waited for 2,000 plain steps.  Asked at the same inputs, the policy now probes
+    the first batch of row 4 (it began afresh after the server drained), and never the large
+    batches of the high phases."""
+    from sglang_dynspec.tracereplay import redrive
+
+    with tarfile.open(H200_ROWS34, "r:xz") as tar:
+        member = next(m for m in tar.getmembers() if "/trace/" in m.name and m.name.endswith(".jsonl"))
+        rows = [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()]
+    res = redrive(rows, "goodput", follow=True)
+    trace = res.runs()[-1]  # row 4, after the idle gap that ended row 3
+    first = trace[0]
+    assert first.bs == 1 and not first.recorded and first.decided and first.why == "fresh"
+    fresh = [s for s in res.steps if s.why == "fresh"]
+    assert fresh and max(s.bs for s in fresh) <= 10
+    assert not any(s.why == "fresh" for s in trace if s.bs >= 30)
