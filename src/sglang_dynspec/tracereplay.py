@@ -338,8 +338,7 @@ def redrive(rows: list[dict], policy: str, policy_args: dict | None = None,
     the trace holds everything the policy saw.  With another policy or other arguments, it shows
     what that one would have decided *at the same inputs* — not what would have followed, since a
     different decision changes the batches and timings after it.  Traces written before the
-    results were recorded (no ``res_rows``) get the acceptance back from the next step's estimate; a
-    step re-driven speculative that the server ran plain gets the server's estimate of the time.
+    results were recorded (no ``res_rows``) get the acceptance back from the next step's estimate.
     ``verify_rows``: the server's speculative_num_draft_tokens, by default the trace's (its first line
     has it since traces recorded it, "vr").
 
@@ -376,11 +375,6 @@ def redrive(rows: list[dict], policy: str, policy_args: dict | None = None,
             accepted = _accepted_from_estimates(ctl, r, rows[i + 1])
             if accepted is not None:
                 ctl.on_result(int(r["bs"]), accepted)
-        elif exact and mode is StepMode.ON and not r["on"] and float(r.get("acc") or 0.0) >= 1.0:
-            # A step speculating here that the server ran plain has no recorded result: it is given
-            # the server's acceptance estimate of the time (without any, the acceptance average would
-            # wait for samples that never come).
-            ctl.on_result(int(r["bs"]), round((float(r["acc"]) - 1.0) * int(r["bs"])))
         est = ctl.estimates() or {}
         out.append(RedriveStep(r["t"], int(r["bs"]), bool(r["on"]), decided, str(est.get("why", "-")), est))
     return RedriveResult(out, exact)

@@ -132,13 +132,13 @@ def test_light_sync_writes_by_replay_else_eagerly_inside_the_draft_contexts(monk
         def __exit__(self, *exc):
             return False
 
-    light = draft_kv.LightSync(topk=1, draft_hidden=3, draft_dtype=torch.float32, graphs=g)
-    light.write(None, torch.arange(3), torch.ones(3, 3), torch.arange(3), torch.arange(3), Ctx)
+    light = draft_kv.LightSync(topk=1, draft_hidden=3, draft_dtype=torch.float32, graphs=g, contexts=Ctx)
+    light.write(None, torch.arange(3), torch.ones(3, 3), torch.arange(3), torch.arange(3))
     assert [s[0] for s in seen] == [4] and eager == [] and entered == []
-    light.write(None, torch.arange(12), torch.ones(12, 3), torch.arange(12), torch.arange(12), Ctx)
+    light.write(None, torch.arange(12), torch.ones(12, 3), torch.arange(12), torch.arange(12))
     assert eager == [12] and entered == [True]
     light.graphs = None
-    light.write(None, torch.arange(2), torch.ones(2, 3), torch.arange(2), torch.arange(2), Ctx)
+    light.write(None, torch.arange(2), torch.ones(2, 3), torch.arange(2), torch.arange(2))
     assert eager == [12, 2] and len(seen) == 1
 
 

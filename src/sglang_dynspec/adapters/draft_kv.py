@@ -115,17 +115,18 @@ class LightSync:
     draft_dtype: Any
     placeholders: Placeholders = field(default_factory=lambda: Placeholders())
     graphs: WriteGraphs | None = None
+    contexts: Callable[[], Any] = contextlib.nullcontext  # what an eager write of this draft runs inside
 
     def placeholder_rows(self, bs: int, device) -> dict:
         """Zero ``topk_p`` / ``topk_index`` / ``hidden_states`` rows for ``bs`` requests."""
         return self.placeholders.get(bs, self.topk, self.draft_hidden, self.draft_dtype, device)
 
-    def write(self, draft_model_runner, tokens, target_hidden, positions, locs, contexts: Callable[[], Any]) -> None:
-        """``write`` by a graph replay where one fits, else eagerly inside ``contexts()``."""
+    def write(self, draft_model_runner, tokens, target_hidden, positions, locs) -> None:
+        """``write`` by a graph replay where one fits, else eagerly inside the draft's contexts."""
         g = self.graphs
         if g is not None and g.run(tokens, target_hidden, positions, locs):
             return
-        with contexts():
+        with self.contexts():
             write(draft_model_runner, tokens, target_hidden, positions, locs)
 
 
@@ -143,7 +144,7 @@ def prepare(draft_model_runner, topk: int, who: str, mode: str, graph_sizes: Seq
         log.info("dynspec %s: off-steps sync the draft through its draft-extend (%s)", who, reason)
         return None
     mc = draft_model_runner.model_config
-    light = LightSync(topk=int(topk), draft_hidden=int(mc.hidden_size), draft_dtype=mc.dtype)
+    light = LightSync(topk=int(topk), draft_hidden=int(mc.hidden_size), draft_dtype=mc.dtype, contexts=contexts)
     if graph_sizes:
         light.graphs = capture_write(draft_model_runner, graph_sizes, contexts, who)
     log.info("dynspec %s: off-steps write the draft KV directly (light sync%s; a resume step precedes speculation)",

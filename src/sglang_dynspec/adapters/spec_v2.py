@@ -399,8 +399,7 @@ def _sync_draft_light(worker, st: SpecV2State, batch, new_tokens, target_hidden,
     """3a. Draft KV of position seq_lens from (target hidden there, new token), nothing else."""
     st.light_pending = True
     with span("dynspec.offstep.draft_kv"):
-        st.light.write(worker.draft_worker.draft_runner, new_tokens, target_hidden, batch.seq_lens, window,
-                       lambda: compat.draft_contexts(worker))
+        st.light.write(worker.draft_worker.draft_runner, new_tokens, target_hidden, batch.seq_lens, window)
 
 
 def _sync_draft_full(worker, st: SpecV2State, batch, result, window, predict, accept_lens, fwd_stream) -> None:
