@@ -45,14 +45,28 @@ NUM_BUCKETS = bucket(MAX_BS) + 1
 
 
 FIRST_SAMPLES = 5  # a bucket's first samples: their median, not their mean
+WARMUP_FACTOR = 5.0  # a first sample this many times the bucket's fastest is a warm-up, not a step
+
+
+def first_estimate(samples: Sequence[float]) -> float:
+    """A bucket's time from its first samples: the median of those within WARMUP_FACTOR x the fastest.
+
+    A step is only ever slowed down (kernel compilation, a first graph replay, the machine), never
+    sped up, so the fastest sample anchors the estimate.  A plain median was not enough: a server's
+    first two speculative steps took 676 and 117 ms, the next two 6.7 and 6.2 ms, and the median of
+    four, 62 ms, stayed the bs-1 estimate for the rest of the run (the policy saw speculation at 28
+    tokens/s where it delivered ~330 and never tried it in row 4's low phases; H200, pair1r-rows34).
+    """
+    fastest = min(samples)
+    return median([s for s in samples if s <= WARMUP_FACTOR * fastest])
 
 
 class CostTable:
-    """Decode-step time per mode and bucket: the median of its first few samples, then an EMA.
+    """Decode-step time per mode and bucket: a robust median of its first few samples, then an EMA.
 
-    The median matters: the first step at a new batch size can compile kernels (a 419 ms step
-    among 7 ms ones was seen on the H200), and a mean would keep that mode looking slow at that
-    batch size for as long as the policy avoids it there.
+    The first samples are where warm-ups land: the first step at a new batch size can compile
+    kernels (a 419 ms step among 7 ms ones was seen on the H200), and a mean would keep that mode
+    looking slow at that batch size for as long as the policy avoids it there (``first_estimate``).
     """
 
     def __init__(self, alpha: float = 0.1):
@@ -72,7 +86,7 @@ class CostTable:
         if c <= FIRST_SAMPLES:
             first = self._first[m][b]
             first.append(seconds)
-            self.time[m][b] = median(first)
+            self.time[m][b] = first_estimate(first)
             if c == FIRST_SAMPLES:
                 self._first[m][b] = []
         else:

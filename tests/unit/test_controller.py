@@ -527,3 +527,23 @@ def test_a_batch_that_drained_and_began_again_is_fresh():
     c.on_other(new_rows=1)
     c.step_mode(1)  # the three finished, one new request
     assert seen == [True, False, False, True]
+
+
+def test_warm_up_steps_do_not_set_a_buckets_time():
+    """H200, pair1r-rows34: a server's first four bs-1 speculative steps took 676, 117, 6.7 and 6.2 ms
+    (the first two warm-ups); their median, 62 ms, stayed the bs-1 estimate all run.  The fastest
+    sample anchors the estimate; a bucket whose samples agree keeps their median."""
+    from sglang_dynspec.costs import CostTable, first_estimate
+
+    t = CostTable()
+    for ms in (675.65, 117.18, 6.69, 6.24):
+        t.observe(True, 1, ms / 1e3)
+    assert t.estimate_local(True, 1) == pytest.approx((6.69 + 6.24) / 2e3)
+    # one warm-up among several steps was already harmless, and stays so
+    assert first_estimate([0.419, 0.0064, 0.0066, 0.0065, 0.0063]) == pytest.approx(0.00645)
+    # samples within 5x of each other are all steps: the median, as before
+    assert first_estimate([0.010, 0.030, 0.011]) == pytest.approx(0.011)
+    # after the first samples the average moves as before (EMA), so a real slowdown still shows
+    for _ in range(40):
+        t.observe(True, 1, 0.012)
+    assert t.estimate_local(True, 1) > 0.011

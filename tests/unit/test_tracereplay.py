@@ -298,3 +298,27 @@ def test_a_fresh_batch_after_another_workload_is_probed():
     fresh = [s for s in res.steps if s.why == "fresh"]
     assert fresh and max(s.bs for s in fresh) <= 10
     assert not any(s.why == "fresh" for s in trace if s.bs >= 30)
+
+
+H200_ROWS34_R = Path(__file__).resolve().parents[2] / "benchmarks/results/pair1r-rows34-logs.tar.xz"
+
+
+def test_warm_up_steps_no_longer_hide_speculation_in_the_low_phases():
+    """H200, SGLang 0.5.12, pair1r-rows34: the server's first bs-1 speculative steps were warm-ups
+    (676 and 117 ms), their median set the bs-1 estimate to 62 ms, and the policy saw speculation at
+    28 tokens/s where it delivers ~300: plain through every low phase of row 4, no probe (none looked
+    hopeful).  Re-driven at the same inputs, speculation's bs-1 estimate is a step's again and the
+    first low phase's fresh batches are probed."""
+    from sglang_dynspec.tracereplay import redrive
+
+    with tarfile.open(H200_ROWS34_R, "r:xz") as tar:
+        member = next(m for m in tar.getmembers() if "/trace/" in m.name and m.name.endswith(".jsonl"))
+        rows = [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()]
+    recorded_low = [r for r in rows if r["bs"] == 1 and r.get("on_tok_s") is not None][-200:]
+    assert max(r["on_tok_s"] for r in recorded_low) < 50  # what the server saw
+    res = redrive(rows, "goodput", follow=True)
+    row4 = res.runs()[-1]
+    low0 = [s for s in row4[: next(i for i, s in enumerate(row4) if s.bs >= 20)] if s.bs == 1]
+    assert min(s.estimates["on_tok_s"] for s in low0) > 200
+    assert any(s.why == "fresh" and s.decided for s in low0)
+    assert not any(r["on"] for r in rows[-len(row4):][: len(low0)])  # the server stayed plain there
