@@ -146,3 +146,24 @@ def test_draft_export_layout(tmp_path):
     assert w["midlayer.self_attn.q_proj.weight"].shape == (64, 2 * 64)
     assert not any("embed" in k for k in w)  # shared from the target at load
     assert draft_config(SHAPE, [0], torch.float32, 0)["dtype"] == "float32"
+
+
+def test_dummy_pair_configs_are_what_the_build_exports():
+    """benchmarks/models/pair-padded and eagle3-pair give the trained pair's shapes to
+    ``--load-format dummy`` runs (no build in the device call): they must stay the configs
+    build_pair writes for run_pair.sh's padded target and for its draft."""
+    import re
+    from pathlib import Path
+
+    from benchmarks.models.build_pair import PairConfig
+    from benchmarks.models.pair_export import llama_config
+
+    root = Path(__file__).resolve().parents[2]
+    pad = re.search(r"--pad-layers (\d+) --pad-intermediate (\d+)", (root / "benchmarks/device/run_pair.sh").read_text())
+    cfg = PairConfig()
+    padded = LlamaShape(**{**cfg.target_shape().as_dict(), "layers": int(pad[1]), "intermediate": int(pad[2])})
+    eos = 0  # the pair tokenizer's first special token (pair.json "eos_id")
+    models = root / "benchmarks/models"
+    assert json.loads((models / "pair-padded/config.json").read_text()) == llama_config(padded, torch.bfloat16, eos)
+    assert json.loads((models / "eagle3-pair/config.json").read_text()) == draft_config(
+        cfg.draft_shape(), cfg.aux_layers, torch.bfloat16, eos)
