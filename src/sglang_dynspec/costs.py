@@ -51,11 +51,11 @@ WARMUP_FACTOR = 5.0  # a first sample this many times the bucket's fastest is a 
 def first_estimate(samples: Sequence[float]) -> float:
     """A bucket's time from its first samples: the median of those within WARMUP_FACTOR x the fastest.
 
-    A step is only ever slowed down (kernel compilation, a first graph replay, the machine), never
-    sped up, so the fastest sample anchors the estimate.  A plain median was not enough: a server's
-    first two speculative steps took 676 and 117 ms, the next two 6.7 and 6.2 ms, and the median of
-    four, 62 ms, stayed the bs-1 estimate for the rest of the run (the policy saw speculation at 28
-    tokens/s where it delivered ~330 and never tried it in row 4's low phases; H200, pair1r-rows34).
+    Warm-ups (kernel compilation, a first graph replay) only ever make a step slower, so the fastest
+    sample anchors the estimate.  A plain median was not enough: a server's first two speculative
+    steps took 676 and 117 ms, the next two 6.7 and 6.2 ms, and the median of four, 62 ms, stayed the
+    bs-1 estimate for the rest of the run (the policy saw speculation at 28 tokens/s where it
+    delivers ~300 and never tried it in row 4's low phases; H200, pair1r-rows34).
     """
     fastest = min(samples)
     return median([s for s in samples if s <= WARMUP_FACTOR * fastest])
