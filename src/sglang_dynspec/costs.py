@@ -57,8 +57,9 @@ def first_estimate(samples: Sequence[float]) -> float:
     bs-1 estimate for the rest of the run (the policy saw speculation at 28 tokens/s where it
     delivers ~300 and never tried it in row 4's low phases; H200, pair1r-rows34).
     """
-    fastest = min(samples)
-    return median([s for s in samples if s <= WARMUP_FACTOR * fastest])
+    timed = [s for s in samples if s > 0.0] or list(samples)  # a zero is a clock's rounding, no step
+    fastest = min(timed)
+    return median([s for s in timed if s <= WARMUP_FACTOR * fastest])
 
 
 class CostTable:

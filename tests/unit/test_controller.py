@@ -543,6 +543,8 @@ def test_warm_up_steps_do_not_set_a_buckets_time():
     assert first_estimate([0.419, 0.0064, 0.0066, 0.0065, 0.0063]) == pytest.approx(0.00645)
     # samples within 5x of each other are all steps: the median, as before
     assert first_estimate([0.010, 0.030, 0.011]) == pytest.approx(0.011)
+    # an interval of zero (a clock's rounding) anchors nothing
+    assert first_estimate([0.0, 0.0066, 0.0064]) == pytest.approx(0.0065)
     # after the first samples the average moves as before (EMA), so a real slowdown still shows
     for _ in range(40):
         t.observe(True, 1, 0.012)
