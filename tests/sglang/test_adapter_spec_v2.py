@@ -821,8 +821,18 @@ def test_prefill_draft_rows_shift_tokens_and_count_positions_from_the_prefix(m):
 @_MWB_ONLY
 def test_prefill_while_off_writes_the_prompt_draft_kv_without_the_draft_extend(m, up, monkeypatch):
     w, target, draft, writes, batch = _prefill_setup(m, up, monkeypatch)
+    inside = []  # the draft's contexts the light sync holds (set at prepare) surround the write
+
+    @contextlib.contextmanager
+    def contexts():
+        inside.append(len(writes))
+        yield
+        inside.append(len(writes))
+
+    state.of(w, m.SpecV2State).light.contexts = contexts
     assert not m.resume_pending(w)
     res = m.forward_prefill_off(w, batch)
+    assert inside == [0, 1]
     ((capture, ids),) = target.seen
     assert capture == up.CaptureHiddenMode.FULL and ids.tolist() == [10, 11, 12, 20, 21]
     assert draft.calls == []  # _DraftRecorder has no _draft_extend_for_prefill: it was not asked

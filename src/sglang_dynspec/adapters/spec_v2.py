@@ -446,7 +446,8 @@ def forward_prefill_off(worker, batch, *args, **kwargs):
                            f"{None if hidden is None else tuple(hidden.shape)} for {n} prompt tokens")
     tokens, positions = _prefill_draft_rows(batch, out.next_token_ids)
     st.light_pending = True
-    with span("dynspec.prefill.draft_kv"), compat.draft_contexts(worker):
+    # Eager (its row count is the prompt's, no recorded size), inside the contexts set at prepare.
+    with span("dynspec.prefill.draft_kv"), st.light.contexts():
         draft_kv.write(worker.draft_worker.draft_runner, tokens, hidden, positions, batch.out_cache_loc)
     mod = compat.v2_worker_module()
     # Upstream's prefill draft input (its lengths are the batch's own), seeds as placeholders.
