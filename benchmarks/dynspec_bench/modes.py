@@ -6,9 +6,9 @@ Variants: ``topk1`` (default: topk 1, 3 draft tokens), ``topk4`` (topk 4, 16 dra
 ``nooverlap`` (--disable-overlap-schedule), ``v1`` (SGLANG_ENABLE_SPEC_V2=0, 0.5.12 only),
 ``bare`` (dynspec modes only: no decision trace, stats file or Prometheus metrics, to tell the
 plugin's hooks from what it writes; a run that traces all servers still leaves this one out),
-``nographs`` / ``eagerprefill`` / ``fullprefill`` (dynspec modes only: settings ``offstep_graphs`` /
-``target_prefill_graph`` off, ``prefill_draft_sync=full``, to tell what each costs or brings beside
-the same policy).
+``nographs`` / ``eagerprefill`` / ``fullprefill`` / ``specbatch`` (dynspec modes only: settings
+``offstep_graphs`` / ``target_prefill_graph`` off, ``prefill_draft_sync=full``,
+``offstep_batch=speculative``, to tell what each costs or brings beside the same policy).
 Examples: ``off``, ``off@nooverlap``, ``on@topk4``, ``dynspec:random@topk4``, ``dynspec:always@bare``.
 Per-mode policy arguments go in parentheses, ``;``-separated, values parsed as JSON when they
 parse (else kept as strings): ``dynspec:threshold(n=5;band=1)@topk4``.  They replace the
@@ -34,6 +34,7 @@ SETTING_VARIANTS = {
     "nographs": {"SGLANG_DYNSPEC_OFFSTEP_GRAPHS": "0"},
     "eagerprefill": {"SGLANG_DYNSPEC_TARGET_PREFILL_GRAPH": "0"},
     "fullprefill": {"SGLANG_DYNSPEC_PREFILL_DRAFT_SYNC": "full"},
+    "specbatch": {"SGLANG_DYNSPEC_OFFSTEP_BATCH": "speculative"},
 }
 VARIANTS = set(SPEC_SHAPES) | {"nooverlap", "v1"} | set(SETTING_VARIANTS)
 _POLICY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")

@@ -24,6 +24,9 @@ FIRST_PLUGIN_FRAMEWORK = Version("0.5.11")
 LAST_V1_WORKER = Version("0.5.12")  # EAGLEWorker removed in 0.5.13
 FIRST_SCHEDULE_BATCH_V2 = Version("0.5.13")  # V2 worker receives ScheduleBatch + on_publish
 FIRST_SPLIT_GRAPH_RUNNERS = Version("0.5.14")
+# Off-steps as plain decode batches (adapters/plain_batch.py): the scheduler paths it relies on
+# were read and run on this release only (0.5.13 moved the FutureMap to stash / publish).
+PLAIN_BATCH_RELEASES = (Version("0.5.12"),)
 
 V1_FORWARD = "sglang.srt.speculative.eagle_worker.EAGLEWorker.forward_batch_generation"
 V2_FORWARD = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
@@ -31,6 +34,8 @@ V2_MODULE = "sglang.srt.speculative.eagle_worker_v2"
 V2_CLASS = "EAGLEWorkerV2"
 INIT_MODEL_WORKER = "sglang.srt.managers.scheduler.Scheduler.init_model_worker"
 HANDLE_GENERATE = "sglang.srt.managers.scheduler.Scheduler.handle_generate_request"
+CHECK_DECODE_MEM = "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem"
+FUTURE_STORE = "sglang.srt.managers.overlap_utils.FutureMap.store_to_map"
 
 # Per-request opt-out: sampling_params.custom_params carries it (present in 0.5.9 - 0.5.23).
 OPTOUT_KEY = "dynspec"
@@ -134,6 +139,28 @@ def has_v1_worker(v: Version | None = None) -> bool:
 def v2_takes_schedule_batch(v: Version | None = None) -> bool:
     v = sglang_version() if v is None else v
     return v is not None and base_version(v) >= FIRST_SCHEDULE_BATCH_V2
+
+
+def plain_batch_release_problem(v: Version | None = None) -> str | None:
+    """Why off-steps cannot run as plain decode batches on this release (None: they can)."""
+    v = sglang_version() if v is None else v
+    if v is None or base_version(v) not in PLAIN_BATCH_RELEASES:
+        return (f"SGLang {v}: off-steps run as speculative batches (plain batches are built on "
+                f"{', '.join(map(str, PLAIN_BATCH_RELEASES))}'s scheduler)")
+    return None
+
+
+def speculative_algorithm_none():
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return SpeculativeAlgorithm.NONE
+
+
+def future_indices(indices):
+    """The FutureMap's handle on the slots ``indices`` (what a speculative batch's draft input carries)."""
+    from sglang.srt.managers.overlap_utils import FutureIndices
+
+    return FutureIndices(indices=indices)
 
 
 def result_decode_target(v: Version | None = None) -> str:

@@ -96,6 +96,14 @@ class DynspecSettings(BaseSettings):
             "`full` runs the draft's extend forward, as SGLang does."
         ),
     )
+    offstep_batch: Literal["plain", "speculative"] = Field(
+        "plain",
+        description=(
+            "How the scheduler runs an off-step: `plain` as a non-speculative decode batch (its own "
+            "plain bookkeeping; on SGLang 0.5.12's spec_v2 worker with the light draft sync, else "
+            "`speculative`); `speculative` as a speculative batch whose drafts were all rejected."
+        ),
+    )
     metrics: Flag = Field(
         True, description="Export dynspec metrics on SGLang's Prometheus endpoint (--enable-metrics)."
     )

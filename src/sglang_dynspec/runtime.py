@@ -14,6 +14,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from . import compat
+from .adapters import plain_batch
 from .config import DynspecSettings
 from .controller import Controller, StepMode
 
@@ -51,6 +52,11 @@ class WorkerState:
         self.hook_calls = dict.fromkeys(HOOK_NAMES, 0)
         self.prefill_graph_replays = 0  # EAGLE prefills that replayed the target's prefill graph
         self.light_prefills = 0  # prefills while off that wrote the draft KV directly (no draft extend)
+        # Off-steps run as plain decode batches (adapters/plain_batch.py): then every running batch's
+        # step is decided at its memory check, and the forward runs what was decided there.
+        self.plain = False
+        self.planned: StepMode | None = None  # that decision, for the forward of the same step
+        self.plain_steps = 0  # off-steps that ran as plain decode batches
 
     def spent(self, hook: str, since: float) -> None:
         self.hook_cpu[hook] += time.perf_counter() - since
@@ -72,6 +78,8 @@ class WorkerState:
         s["hook_calls"] = dict(self.hook_calls)
         s["prefill_graph_replays"] = self.prefill_graph_replays
         s["light_prefills"] = self.light_prefills
+        s["offstep_batch"] = "plain" if self.plain else "speculative"
+        s["plain_steps"] = self.plain_steps
         steps = c["decode_steps"]
         s["hook_cpu_us_per_decode_step"] = round(1e6 * sum(self.hook_cpu.values()) / steps, 2) if steps else None
         v = self.controller.view
@@ -86,7 +94,7 @@ class WorkerState:
         return s
 
 
-HOOK_NAMES = ("forward", "result", "graph_guard", "generate", "prefill_graph")
+HOOK_NAMES = ("forward", "result", "graph_guard", "generate", "prefill_graph", "memcheck", "store")
 
 STATE: WorkerState | None = None
 SETTINGS: DynspecSettings | None = None  # set by activation before any hook can run
@@ -168,6 +176,7 @@ def attach(scheduler: Any) -> WorkerState | None:
     if adapter is not None and settings.policy != "always":
         try:
             adapter.prepare(worker, settings)
+            st.plain = adapter.runs_plain_batches(worker)
         except Exception:
             logger.exception("sglang-dynspec: adapter prepare() failed; off-steps stay eager")
     logger.warning(
@@ -223,9 +232,23 @@ def _forward(original, worker, batch, *args, **kwargs):
     t0 = time.perf_counter()
     adapter = st.adapter
     ctl = st.controller
-    bs = adapter.decode_batch_size(worker, batch)
-    sched = st.scheduler
-    rb = getattr(sched, "running_batch", None)
+    if st.plain:
+        fm = getattr(batch, "forward_mode", None)
+        if fm is not None and fm.is_decode():
+            # Decided at the running batch's memory check (around_check_decode_mem).
+            mode, st.planned = st.planned, None
+            st.spent("forward", t0)
+            if batch.spec_info is None and batch.spec_algorithm.is_none():
+                result = adapter.forward_plain(worker, batch, st.scheduler.future_map)
+                st.plain_steps += 1
+            elif mode is None or mode is StepMode.ON:
+                return original(worker, batch, *args, **kwargs)
+            else:
+                result = adapter.forward_off(worker, batch, mode, *args, **kwargs)
+            st.off_results[id(result)] = result
+            return result
+    bs = None if st.plain else adapter.decode_batch_size(worker, batch)
+    rb = getattr(st.scheduler, "running_batch", None)
     if bs is None:
         rows = compat.prefill_rows(batch)
         ctl.on_other(rows)
@@ -241,21 +264,69 @@ def _forward(original, worker, batch, *args, **kwargs):
                 st.light_prefills += 1
                 return result
         return original(worker, batch, *args, **kwargs)
-    running = len(rb.reqs) if rb is not None and rb.reqs is not None else 0
-    waiting = len(getattr(sched, "waiting_queue", ()) or ())
-    force_off = bool(st.optout_rids) and _has_optout(st, batch, rb)
-    # After a light off-step the draft has no outputs to draft from: a step the policy wants
-    # speculative runs as a resume step (an off-step that refreshes the draft fully).
-    # Rank-identical: it depends only on the previous (agreed) decisions.
-    mode = ctl.step_mode(bs, running, waiting, force_off=force_off, resume_pending=adapter.resume_pending(worker))
-    if st.stats_writer is not None or st.prometheus is not None:
-        _report(st)
+    mode = _decide(st, batch, bs, rb)
     st.spent("forward", t0)  # the decision; an off-step's own work is the step, timed as one
     if mode is StepMode.ON:
         return original(worker, batch, *args, **kwargs)
     result = adapter.forward_off(worker, batch, mode, *args, **kwargs)
     st.off_results[id(result)] = result  # the result hook skips acceptance accounting for it
     return result
+
+
+def _decide(st: WorkerState, batch, bs: int, running_batch) -> StepMode:
+    """One decode step's mode from the controller (the one place a step is decided)."""
+    sched = st.scheduler
+    running = len(running_batch.reqs) if running_batch is not None and running_batch.reqs is not None else 0
+    waiting = len(getattr(sched, "waiting_queue", ()) or ())
+    force_off = bool(st.optout_rids) and _has_optout(st, batch, running_batch)
+    # After a light off-step the draft has no outputs to draft from: a step the policy wants
+    # speculative runs as a resume step (an off-step that refreshes the draft fully).
+    # Rank-identical: it depends only on the previous (agreed) decisions.
+    mode = st.controller.step_mode(bs, running, waiting, force_off=force_off,
+                                   resume_pending=st.adapter.resume_pending(st.worker))
+    if st.stats_writer is not None or st.prometheus is not None:
+        _report(st)
+    return mode
+
+
+def around_check_decode_mem(original, batch, *args, **kwargs):
+    """Decide the running batch's next step where the scheduler checks its memory, and move the
+    batch to that mode's path first (plain decode batch or speculative), so the check and any
+    retraction it triggers are that mode's (off-steps as plain batches only)."""
+    st = STATE
+    if st is None or not st.plain or args or kwargs or batch is not getattr(st.scheduler, "running_batch", None):
+        return original(batch, *args, **kwargs)
+    t0 = time.perf_counter()
+    sched = st.scheduler
+    declined = plain_batch.declines(batch)
+    if declined:
+        # Runs upstream, speculatively, like a batch the speculative off-step declines.
+        st.planned = None
+        st.controller.on_other(0)
+        if st.optout_rids and _has_optout(st, batch, batch):
+            st.optout_not_honoured += 1
+        mode = StepMode.ON
+    else:
+        mode = _decide(st, batch, len(batch.reqs), batch)
+        st.planned = mode
+    if mode is StepMode.OFF:
+        if not plain_batch.is_plain(batch):
+            plain_batch.to_plain(batch, sched)
+    elif plain_batch.is_plain(batch):
+        plain_batch.to_speculative(batch, sched, compat.v2_worker_module().EagleDraftInput)
+    st.spent("memcheck", t0)
+    return original(batch)
+
+
+def around_future_store(original, future_map, future_indices, result, *args, **kwargs):
+    """A plain off-step's tokens go to the speculative FutureMap's token buffer (plain batches)."""
+    st = STATE
+    if st is None or not st.plain:
+        return original(future_map, future_indices, result, *args, **kwargs)
+    t0 = time.perf_counter()
+    stored = plain_batch.store(future_map, future_indices, result)
+    st.spent("store", t0)
+    return None if stored else original(future_map, future_indices, result, *args, **kwargs)
 
 
 def around_v1_forward(original, worker, batch, *args, **kwargs):
@@ -372,7 +443,12 @@ def after_process_decode(ret, processor, batch, result, *args, **kwargs):
     if st is None:
         return None
     t0 = time.perf_counter()
-    if not st.took_off_result(result) and st.accepted_field is not None:
+    if st.took_off_result(result):
+        if st.plain and batch.spec_algorithm.is_none():
+            # The decode log divides by the speculative forward count, which only speculative
+            # results advance: a log interval of plain steps alone would divide by zero.
+            processor.update_spec_metrics(batch.batch_size(), 0)
+    elif st.accepted_field is not None:
         n = getattr(result, st.accepted_field, None)
         if n is not None:
             st.controller.on_result(batch.batch_size(), int(n))

@@ -233,7 +233,8 @@ def test_the_plugins_own_cpu_time_is_counted_per_hook_and_per_decode_step(state)
     guard = NS(capture_forward_mode=NS(is_target_verify=lambda: True))
     assert runtime.around_graph_can_run(lambda *a: True, guard, NS(forward_mode=NS(is_decode=lambda: True))) is False
     assert runtime.around_prefill_graph_can_run(lambda *a: False, NS(), NS()) is False
-    assert st.hook_calls == {"forward": 4, "result": 3, "graph_guard": 1, "generate": 1, "prefill_graph": 1}
+    assert st.hook_calls == {"forward": 4, "result": 3, "graph_guard": 1, "generate": 1, "prefill_graph": 1,
+                             "memcheck": 0, "store": 0}
     s = st.snapshot()
     assert 0 < sum(s["hook_cpu_s"].values()) < 0.02  # four sleeps of 20 ms are not in it
     assert s["hook_cpu_us_per_decode_step"] == pytest.approx(1e6 * sum(st.hook_cpu.values()) / 3, rel=1e-3)

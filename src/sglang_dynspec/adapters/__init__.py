@@ -38,6 +38,11 @@ class Adapter(Protocol):
         """Whether the last off-step left the draft without outputs to draft from, so a step that
         would speculate must run as a ``StepMode.RESUME`` off-step first."""
 
+    def runs_plain_batches(self, worker: Any) -> bool:
+        """Whether this worker's off-steps run as plain decode batches (``plain_batch.py``): the
+        runtime then decides before the scheduler prepares a step, converts the running batch, and
+        hands plain batches to the adapter's ``forward_plain(worker, batch, future_map)``."""
+
     def prepare(self, worker: Any, settings: Any) -> None:
         """One-time setup before the worker serves (off-step graphs, light draft sync), following
         ``settings`` (the loaded ``DynspecSettings``)."""

@@ -51,6 +51,7 @@ class SpecV2State(AdapterState):
     unsupported_checked: bool = False
     unsupported: str | None = None
     light_prefill: bool = False  # prefills while off write the draft KV directly (prepare)
+    plain_batches: bool = False  # off-steps run as plain decode batches (plain_batch, prepare)
 
 
 def _torch():
@@ -418,6 +419,53 @@ def _sync_draft_full(worker, st: SpecV2State, batch, result, window, predict, ac
         dw._draft_extend_for_decode(batch, result)
 
 
+def runs_plain_batches(worker) -> bool:
+    """Whether off-steps of this worker run as plain decode batches (``plain_batch``): set at prepare."""
+    return state.of(worker, SpecV2State).plain_batches
+
+
+def plain_batch_problem(st: SpecV2State, settings) -> str | None:
+    """Why off-steps of this worker run as speculative batches (None: as plain ones)."""
+    if settings.offstep_batch != "plain":
+        return f"offstep_batch={settings.offstep_batch}"
+    if st.light is None:
+        # A plain step has no verify window for the draft-extend to fill.
+        return "the off-steps have no light draft sync (offstep_draft_sync or the draft's shape)"
+    if compat.v2_input_kind() != "model_worker_batch":
+        return "the worker receives a ScheduleBatch (SGLang >= 0.5.13)"
+    return compat.plain_batch_release_problem()
+
+
+def forward_plain(worker, batch, future_map):
+    """Run a plain decode batch (``plain_batch``) that reached the speculative worker: the
+    target's own decode step, then the light draft write of each row's position.  Returns the
+    target's result, which the scheduler processes as a plain server's."""
+    torch = _torch()
+    st = state.of(worker, SpecV2State)
+    _log_first_off(worker, st, "plain batch", int(batch.seq_lens.shape[0]), 1)
+    ids = batch.input_ids
+    # The FutureMap of a speculative server resolves only draft inputs: the previous step's
+    # tokens (plain, speculative or prefill) sit in its token buffer under -ids.
+    tokens = future_map.bonus_tokens_buf[torch.clamp(-ids, min=0)].to(torch.int64)
+    input_ids = torch.where(ids < 0, tokens, ids.to(torch.int64))
+    call_kwargs, overrides = {}, {"input_ids": input_ids}
+    if compat.target_capture_channel() == "kwarg":
+        call_kwargs["capture_hidden_mode"] = _capture_mode_for_target(worker)
+    else:
+        overrides["capture_hidden_mode"] = _capture_mode_for_target(worker)
+    tb = dataclasses.replace(batch, **overrides)
+    with span("dynspec.offstep.target"), _offstep_graphs_active(worker):
+        out = worker.target_worker.forward_batch_generation(tb, **call_kwargs)
+    st.light_pending = True
+    # The batch's lengths already count this step's token: its position is one less.
+    with span("dynspec.offstep.draft_kv"):
+        st.light.write(worker.draft_worker.draft_runner, out.next_token_ids, out.logits_output.hidden_states,
+                       batch.seq_lens - 1, batch.out_cache_loc)
+    # A plain server returns no hidden states unless asked (declined here): drop the target's.
+    out.logits_output.hidden_states = None
+    return out
+
+
 def forward_prefill_off(worker, batch, *args, **kwargs):
     """Run an extend batch that arrives while speculation is off without the draft's extend
     forward; None (nothing run) where it must run upstream.
@@ -520,6 +568,10 @@ def prepare(worker, settings) -> None:
     st.light_prefill = problem is None
     logger.info("dynspec spec_v2: prefills while off %s", "write the draft KV directly (light)" if problem is None
                 else f"run the draft's extend forward ({problem})")
+    problem = plain_batch_problem(st, settings)
+    st.plain_batches = problem is None
+    logger.info("dynspec spec_v2: off-steps run as %s", "plain decode batches" if problem is None
+                else f"speculative batches ({problem})")
 
 
 def light_prefill_problem(st: SpecV2State, settings) -> str | None:
@@ -546,6 +598,8 @@ def describe(worker=None) -> dict[str, Any]:
     kind = compat.v2_input_kind()
     mod = compat.v2_worker_module()
     prefill_problem = compat.light_prefill_release_problem()
+    plain_problem = (compat.plain_batch_release_problem() if kind == "model_worker_batch"
+                     else "the worker receives a ScheduleBatch (SGLang >= 0.5.13)")
     info.update(
         available=True,
         input=kind,
@@ -560,6 +614,8 @@ def describe(worker=None) -> dict[str, Any]:
         offstep_draft_sync="light for single-layer EAGLE-3 drafts (resume step before speculating), else full",
         prefill_draft_sync=(f"full ({prefill_problem})" if prefill_problem
                             else "light where the off-steps sync light (resume step before speculating)"),
+        offstep_batch=("speculative (" + (plain_problem or "") + ")" if plain_problem
+                       else "plain where the off-steps sync light (the scheduler's plain decode path)"),
         topk_gt_1=(kind == "schedule_batch"),  # <= 0.5.12 routes topk > 1 to the v1 worker
         declines=["return_logprob", "return_hidden_states", "grammar", "DP attention", "PP", "TBO", "mamba/GDN"],
     )

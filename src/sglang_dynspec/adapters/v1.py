@@ -331,6 +331,11 @@ def forward_prefill_off(worker, batch, *args, **kwargs):
 resume_pending = state.resume_pending  # the Adapter protocol's, shared by both paths
 
 
+def runs_plain_batches(worker) -> bool:
+    """Never: the v1 worker's off-steps run inside its speculative batches (plain batches are spec_v2's)."""
+    return False
+
+
 def _needs_hidden(worker) -> bool:
     return compat.draft_reads_target_hidden(worker.speculative_algorithm)
 

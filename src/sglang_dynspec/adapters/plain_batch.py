@@ -1,0 +1,132 @@
+"""Off-steps as plain decode batches: the scheduler's side (spec_v2 worker, SGLang 0.5.12).
+
+Why: an off-step that runs as a speculative batch whose drafts were all rejected
+(``spec_v2.forward_off``) still pays the scheduler's speculative bookkeeping on every step: the
+verify-window allocation loop and its host copies, a blocking ``seq_lens`` copy, the window's
+memory estimate, the per-row token lists of a verify result.  A plain server skips all of it,
+and where a step is CPU-bound (the H200 pair) that is what kept the plain mode 3-4 % behind one.
+
+How: ``spec_algorithm`` is a field of each ``ScheduleBatch`` (``copy()`` keeps it), and every
+step of the scheduler's decode path (memory check, prepare, filter, result processing) branches on
+the batch's own value.  A running batch set to ``NONE`` therefore runs SGLang's plain decode path;
+what stays global is handled by the runtime's hooks:
+
+* the worker is still ``EAGLEWorkerV2``: its forward hook runs the plain batch itself
+  (``spec_v2.forward_plain``: input ids from the FutureMap, target decode, light draft write);
+* the FutureMap is still speculative: ``store`` keeps a plain step's tokens where the next
+  step (plain or speculative) looks them up;
+* the decode log divides by the speculative forward count: plain results add theirs (accepted 0).
+
+The two conversions run where the scheduler checks a running batch's memory, before it prepares
+the step, so that check, and the retraction it may trigger, is the new mode's own.
+"""
+
+from __future__ import annotations
+
+from .. import compat
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def is_plain(batch) -> bool:
+    return batch.spec_algorithm.is_none()
+
+
+def declines(batch) -> str | None:
+    """Why this running batch must run speculatively (as upstream) whatever the policy says, or None.
+
+    The same requests the speculative off-step declines: its result does not replicate their
+    post-processing, and a plain batch on a speculative worker samples without the grammar delay.
+    """
+    if getattr(batch, "return_logprob", False):
+        return "logprobs"
+    if getattr(batch, "has_grammar", False):
+        return "grammar"
+    if getattr(batch, "return_hidden_states", False):
+        return "hidden states"
+    if getattr(batch, "global_num_tokens", None) is not None:
+        return "DP attention"
+    return None
+
+
+def to_plain(batch, scheduler) -> None:
+    """On -> off: the running batch leaves the speculative path.
+
+    Its lengths are final (``filter_batch`` waited for the last verify), so the slots of the
+    verify window past them are freed and the batch gets the host lengths a plain batch keeps.
+    """
+    torch = _torch()
+    if batch.seq_lens.is_cuda:
+        # The last step's draft-extend may still read these rows' req_to_token entries, which the
+        # plain prepare rewrites on this (the schedule) stream.
+        torch.get_device_module(batch.seq_lens.device).current_stream().wait_stream(scheduler.forward_stream)
+    seq_lens_cpu = batch.seq_lens.cpu()
+    trim_window(batch, seq_lens_cpu.tolist())
+    batch.seq_lens_cpu = seq_lens_cpu
+    batch.seq_lens_sum = int(seq_lens_cpu.sum())
+    # The speculative path leaves orig_seq_lens behind; the plain one advances it with seq_lens.
+    batch.orig_seq_lens = batch.seq_lens.to(batch.orig_seq_lens.dtype, copy=True)
+    batch.spec_info = None
+    batch.spec_algorithm = compat.speculative_algorithm_none()
+
+
+def trim_window(batch, seq_lens: list[int]) -> int:
+    """Free each row's slots from its length (page-aligned) up to what it allocated, and make
+    its allocation its length; returns the slots freed.
+
+    A speculative step allocates a window of slots ahead of the committed length; a plain step
+    allocates exactly one slot per row at its length, which must not already be owned.  Committed
+    lengths are left alone: they lag one verify (its result is processed after this step starts)
+    and catch up there, as they do upstream.
+    """
+    torch = _torch()
+    allocator = batch.token_to_kv_pool_allocator
+    page = int(getattr(allocator, "page_size", 1) or 1)
+    rows, cols = [], []
+    for req, length in zip(batch.reqs, seq_lens):
+        start = -(-length // page) * page
+        end = int(req.kv_allocated_len)
+        if end > start:
+            rows.extend([req.req_pool_idx] * (end - start))
+            cols.extend(range(start, end))
+        req.kv_allocated_len = length
+    if not rows:
+        return 0
+    table = batch.req_to_token_pool.req_to_token
+    r = torch.tensor(rows, dtype=torch.int64).to(table.device, non_blocking=True)
+    c = torch.tensor(cols, dtype=torch.int64).to(table.device, non_blocking=True)
+    allocator.free(table[r, c].to(torch.int64))
+    return len(rows)
+
+
+def to_speculative(batch, scheduler, draft_input_cls) -> None:
+    """Off -> on: the running batch goes back to the speculative path.
+
+    Its rows' next tokens sit in the FutureMap under the indices its ``output_ids`` name (negated,
+    on both paths); a draft input carrying them is all the speculative prepare and the FutureMap's
+    resolve read.  The draft's own outputs there are stale: the resume step rebuilds them.
+    """
+    if batch.output_ids is None:
+        raise RuntimeError("dynspec plain batch: the running batch has no output_ids to resume from")
+    batch.spec_algorithm = scheduler.spec_algorithm
+    batch.spec_info = draft_input_cls(future_indices=compat.future_indices(-batch.output_ids.to(_torch().int64)))
+
+
+def store(future_map, future_indices, result) -> bool:
+    """Keep a plain step's new tokens in the FutureMap's token buffer; False where ``result`` is
+    not a plain step's (it carries a next draft input), to be stored by SGLang."""
+    if result.next_draft_input is not None or future_map.spec_algo.is_none():
+        return False
+    span = future_indices.interval
+    if future_map.is_empty_slice(span):
+        return True
+    if not future_map.buf_initialized:
+        # Every request is prefilled speculatively first, and that store sizes the buffers.
+        raise RuntimeError("dynspec plain batch: the FutureMap has no buffers yet (no prefill stored)")
+    buf = future_map.bonus_tokens_buf
+    buf[span] = result.next_token_ids.to(buf.dtype)
+    return True

@@ -1,0 +1,197 @@
+"""Off-steps as plain decode batches (adapters/plain_batch.py) on SGLang's own scheduler classes.
+
+Real ``ScheduleBatch``, ``Req``, ``ReqToTokenPool``, ``TokenToKVPoolAllocator``, ``FutureMap`` and
+``EagleDraftInput`` on the CPU; the GPU test (tests/gpu/test_spec_v2_gpu.py, ``dynspec:random``
+switching every step) runs the same conversions inside a server.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_dynspec import compat, runtime
+from sglang_dynspec.controller import StepMode
+
+pytestmark = pytest.mark.sglang
+
+torch = pytest.importorskip("torch")
+
+PLAIN_RELEASE = compat.plain_batch_release_problem() is None
+needs_plain_release = pytest.mark.skipif(not PLAIN_RELEASE, reason="plain batches are built on SGLang 0.5.12")
+
+ALLOC_LEN = 3  # a topk-1 window of 3 draft tokens: the speculative prepare claims 2 x 3 ahead
+
+
+@pytest.fixture
+def sgl(monkeypatch):
+    from sglang.srt.managers import overlap_utils
+    from sglang.srt.managers import utils as mutils
+    from sglang.srt.managers.overlap_utils import FutureMap
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    # The window length reads the global server args, which a CPU test has none of.
+    monkeypatch.setattr(mutils, "get_alloc_len_per_decode", lambda *a, **k: ALLOC_LEN)
+    monkeypatch.setattr(overlap_utils, "spec_need_hidden_states", lambda *a, **k: True)  # EAGLE-3
+    return dict(FutureMap=FutureMap, Req=Req, ScheduleBatch=ScheduleBatch, Allocator=TokenToKVPoolAllocator,
+                ReqToTokenPool=ReqToTokenPool, ForwardMode=ForwardMode, SamplingParams=SamplingParams,
+                EAGLE3=SpeculativeAlgorithm.EAGLE3, NONE=SpeculativeAlgorithm.NONE)
+
+
+def _speculative_batch(sgl, lengths, allocated):
+    """A running batch after a speculative step: row i holds ``lengths[i]`` tokens and owns the
+    slots of positions [0, allocated[i]) (its verify window), its next tokens in FutureMap slots."""
+    pool = sgl["ReqToTokenPool"](size=8, max_context_len=64, device="cpu", enable_memory_saver=False)
+    alloc = sgl["Allocator"](size=256, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False)
+    reqs = []
+    for i, (n, a) in enumerate(zip(lengths, allocated)):
+        req = sgl["Req"](f"r{i}", "", list(range(1, 4)), sgl["SamplingParams"]())
+        req.req_pool_idx = pool.free_slots.pop(0)
+        pool.req_to_token[req.req_pool_idx, :a] = alloc.alloc(a).to(torch.int32)
+        req.kv_allocated_len = a
+        req.kv_committed_len = n - 1  # one verify behind, as when the scheduler prepares the next step
+        reqs.append(req)
+    seq = torch.tensor(lengths, dtype=torch.int64)
+    batch = sgl["ScheduleBatch"](
+        reqs=reqs, req_to_token_pool=pool, token_to_kv_pool_allocator=alloc, tree_cache=None,
+        forward_mode=sgl["ForwardMode"].DECODE, enable_overlap=True, spec_algorithm=sgl["EAGLE3"],
+        req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64),
+        seq_lens=seq, seq_lens_cpu=seq - 1, orig_seq_lens=(seq - 5).to(torch.int32), seq_lens_sum=0,
+        output_ids=-torch.arange(11, 11 + len(lengths), dtype=torch.int64),
+    )
+    return batch
+
+
+def _owned(batch, req):
+    return set(batch.req_to_token_pool.req_to_token[req.req_pool_idx, :req.kv_allocated_len].tolist())
+
+
+@needs_plain_release
+def test_to_plain_frees_the_window_past_each_length_and_sets_the_plain_fields(sgl):
+    from sglang_dynspec.adapters import plain_batch
+
+    batch = _speculative_batch(sgl, lengths=[10, 7], allocated=[14, 13])
+    alloc = batch.token_to_kv_pool_allocator
+    free_before = alloc.available_size()
+    window = [set(batch.req_to_token_pool.req_to_token[r.req_pool_idx, n:r.kv_allocated_len].tolist())
+              for r, n in zip(batch.reqs, (10, 7))]
+    plain_batch.to_plain(batch, scheduler=None)
+
+    assert alloc.available_size() == free_before + 4 + 6
+    assert set(alloc.free_pages[-10:].tolist()) == window[0] | window[1]
+    assert [r.kv_allocated_len for r in batch.reqs] == [10, 7]
+    assert [r.kv_committed_len for r in batch.reqs] == [9, 6]  # caught up by the pending result
+    assert batch.spec_algorithm.is_none() and batch.spec_info is None and not batch.is_spec_v2
+    assert batch.seq_lens_cpu.tolist() == [10, 7] and batch.seq_lens_sum == 17
+    assert batch.orig_seq_lens.tolist() == [10, 7] and batch.orig_seq_lens.dtype == torch.int32
+    # The scheduler's own memory check now asks for what a plain step allocates: nothing is
+    # claimed ahead, so it fits in the slots just freed.
+    assert batch.check_decode_mem()
+    assert batch.new_tokens_required_next_decode() == 2
+
+
+@needs_plain_release
+def test_trim_window_keeps_a_rows_partial_page(sgl):
+    from sglang_dynspec.adapters import plain_batch
+
+    batch = _speculative_batch(sgl, lengths=[10], allocated=[16])
+    freed = []
+    batch.token_to_kv_pool_allocator.page_size = 4
+    batch.token_to_kv_pool_allocator.free = lambda idx: freed.append(idx.tolist())
+    slots = batch.req_to_token_pool.req_to_token[batch.reqs[0].req_pool_idx].tolist()
+    assert plain_batch.trim_window(batch, [10]) == 4
+    assert freed == [slots[12:16]]  # positions 10 and 11 share the page of position 9: kept
+    assert batch.reqs[0].kv_allocated_len == 10
+
+
+@needs_plain_release
+def test_to_speculative_resolves_the_plain_steps_tokens_through_the_real_future_map(sgl):
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    from sglang_dynspec.adapters import plain_batch
+
+    fmap = sgl["FutureMap"](max_running_requests=4, chunked_prefill_size=64, context_len=64, device="cpu",
+                            spec_algo=sgl["EAGLE3"])
+    # A prefill's store sizes the buffers (as in a server, before any decode step).
+    first = fmap.alloc_future_indices(2)
+    fmap.store_to_map(first, GenerationBatchResult(next_draft_input=EagleDraftInput(
+        topk_p=torch.ones(2, 1), topk_index=torch.zeros(2, 1, dtype=torch.int64), hidden_states=torch.zeros(2, 8),
+        bonus_tokens=torch.tensor([5, 6], dtype=torch.int32), new_seq_lens=torch.tensor([4, 4]))))
+    # A plain step's result: tokens only, stored where the next step looks them up.
+    step = fmap.alloc_future_indices(2)
+    plain = GenerationBatchResult(next_token_ids=torch.tensor([41, 42]), next_draft_input=None)
+    assert plain_batch.store(fmap, step, plain)
+    assert fmap.bonus_tokens_buf[step.interval].tolist() == [41, 42]
+    # A speculative result is left to SGLang's store.
+    assert not plain_batch.store(fmap, first, GenerationBatchResult(next_draft_input=object()))
+
+    batch = _speculative_batch(sgl, lengths=[10, 7], allocated=[14, 13])
+    plain_batch.to_plain(batch, scheduler=None)
+    batch.output_ids = -step.indices  # what run_batch leaves on any batch of an overlap scheduler
+    sched = type("Sched", (), {"spec_algorithm": sgl["EAGLE3"]})()
+    plain_batch.to_speculative(batch, sched, EagleDraftInput)
+    assert batch.is_spec_v2 and batch.spec_info.future_indices.indices.tolist() == step.indices.tolist()
+    # The speculative memory check claims the window again: 2 x ALLOC_LEN ahead of each commit.
+    assert batch.new_tokens_required_next_decode() == (9 + 6 - 10) + (6 + 6 - 7)
+
+    # What FutureMap.resolve_future gathers for the resume step (its stream bookkeeping needs a GPU).
+    assert fmap.bonus_tokens_buf[batch.spec_info.future_indices.indices].tolist() == [41, 42]
+    # The real filter of a draft input that carries only FutureMap indices (a request finished).
+    batch.spec_info.filter_batch(torch.tensor([1]), has_been_filtered=False)
+    assert batch.spec_info.future_indices.indices.tolist() == [step.indices[1].item()]
+
+
+def test_declines_what_the_speculative_off_step_declines():
+    from types import SimpleNamespace as NS
+
+    from sglang_dynspec.adapters import plain_batch
+
+    assert plain_batch.declines(NS(return_logprob=False, has_grammar=False, return_hidden_states=False)) is None
+    assert plain_batch.declines(NS(return_logprob=True)) == "logprobs"
+    assert plain_batch.declines(NS(has_grammar=True)) == "grammar"
+    assert plain_batch.declines(NS(return_hidden_states=True)) == "hidden states"
+    assert plain_batch.declines(NS(global_num_tokens=[3])) == "DP attention"
+
+
+@needs_plain_release
+def test_the_memory_check_hook_decides_and_converts_the_running_batch(sgl, monkeypatch):
+    from sglang.srt.speculative.eagle_info import EagleDraftInput  # noqa: F401 - the class converted to
+
+    from sglang_dynspec.adapters import plain_batch
+
+    batch = _speculative_batch(sgl, lengths=[10, 7], allocated=[14, 13])
+    modes = iter([StepMode.OFF, StepMode.OFF, StepMode.RESUME])
+
+    class Ctl:
+        def step_mode(self, bs, running, waiting, force_off=False, resume_pending=False):
+            self.bs = bs
+            return next(modes)
+
+    sched = type("Sched", (), {"running_batch": batch, "waiting_queue": [], "spec_algorithm": sgl["EAGLE3"],
+                               "forward_stream": None})()
+    st = runtime.WorkerState(runtime.DynspecSettings(), Ctl(), sched, object(), "spec_v2",
+                             type("A", (), {"resume_pending": staticmethod(lambda w: False)})())
+    st.plain = True
+    monkeypatch.setattr(runtime, "STATE", st)
+    check = type(batch).check_decode_mem
+    original = getattr(check, "__wrapped__", check)
+
+    assert runtime.around_check_decode_mem(original, batch) is True
+    assert st.planned is StepMode.OFF and plain_batch.is_plain(batch) and st.controller.bs == 2
+    assert [r.kv_allocated_len for r in batch.reqs] == [10, 7]
+    batch.output_ids = -torch.tensor([3, 4])
+    assert runtime.around_check_decode_mem(original, batch) is True  # stays plain, nothing to convert
+    assert plain_batch.is_plain(batch)
+    assert runtime.around_check_decode_mem(original, batch) is True
+    assert st.planned is StepMode.RESUME and batch.is_spec_v2
+    assert batch.spec_info.future_indices.indices.tolist() == [3, 4]
+    # Not the running batch (a retraction's own check, a prefill): SGLang's check alone.
+    other = _speculative_batch(sgl, lengths=[5], allocated=[9])
+    assert runtime.around_check_decode_mem(original, other) is True and not plain_batch.is_plain(other)
+    assert runtime.around_check_decode_mem(original, batch, selected_indices=[0]) is True
+    assert st.hook_calls["memcheck"] == 3
