@@ -904,3 +904,47 @@ def test_light_prefill_release_support(sglang_version):
         assert "ScheduleBatch" in problem
     else:
         assert problem is None
+
+
+# ------------------------------------------------------------------------------------------
+# a plain decode batch (adapters/plain_batch.py) that reaches the worker
+
+
+@pytest.mark.skipif(compat.plain_batch_release_problem() is not None, reason="plain batches are built on 0.5.12")
+def test_forward_plain_runs_the_target_decode_then_the_light_write(m, up, monkeypatch):
+    w, target, draft, batch = _off_setup(m, up)
+    writes = _light(m, w, monkeypatch)
+    # A plain batch as the scheduler's plain prepare leaves it: lengths counting this step's
+    # token, its slot allocated, input ids naming FutureMap slots (negated) or real tokens.
+    batch.spec_info = None
+    batch.input_ids = torch.tensor([-5, 9])
+    batch.seq_lens = torch.tensor([11, 21])
+    batch.out_cache_loc = torch.tensor([110, 320])
+    future_map = SimpleNamespace(bonus_tokens_buf=torch.arange(100, 108, dtype=torch.int32))
+    res = m.forward_plain(w, batch, future_map)
+
+    (tb,) = target.batches
+    assert tb["input_ids"].tolist() == [105, 9] and tb["input_ids"].dtype == torch.int64
+    assert tb["seq_lens"].tolist() == [11, 21] and tb["out_cache_loc"].tolist() == [110, 320]
+    assert tb["spec_info"] is None and _target_capture(m, tb) is not None
+    ((runner, tok, hid, pos, loc),) = writes
+    assert runner is draft.draft_runner and draft.calls == []
+    # Draft KV of each row's position (one less than its length) from the new token.
+    assert tok.tolist() == [7, 8] and pos.tolist() == [10, 20] and loc.tolist() == [110, 320]
+    assert torch.equal(hid, torch.arange(12, dtype=torch.float32).view(2, 6))
+    # The target's own result, as a plain server's: one token per row, no draft input.
+    assert res.next_token_ids.tolist() == [7, 8] and res.next_draft_input is None
+    assert res.logits_output.hidden_states is None
+    assert m.resume_pending(w)
+
+
+@pytest.mark.skipif(compat.plain_batch_release_problem() is not None, reason="plain batches are built on 0.5.12")
+def test_plain_batches_need_the_light_sync_and_the_setting(m, up):
+    from sglang_dynspec.adapters import draft_kv
+    from sglang_dynspec.config import DynspecSettings
+
+    st = m.SpecV2State()
+    assert "light draft sync" in m.plain_batch_problem(st, DynspecSettings())
+    st.light = draft_kv.LightSync(topk=1, draft_hidden=6, draft_dtype=torch.bfloat16)
+    assert m.plain_batch_problem(st, DynspecSettings()) is None
+    assert m.plain_batch_problem(st, DynspecSettings(offstep_batch="speculative")) == "offstep_batch=speculative"
