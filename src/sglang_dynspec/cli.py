@@ -98,7 +98,8 @@ def _describe_adapter(path: str, verbose: bool) -> str:
     if path == "spec_v2":
         graphs = desc.get("offstep_graphs")
         return (f"ready: input {desc.get('input')}, topk > 1 {'yes' if desc.get('topk_gt_1') else 'no (v1 worker)'}, "
-                f"off-step graphs {'yes' if str(graphs).startswith('capture') else 'no: ' + str(graphs)}")
+                f"off-step graphs {'yes' if str(graphs).startswith('capture') else 'no: ' + str(graphs)}, "
+                f"off-step batches {str(desc.get('offstep_batch')).split(' ', 1)[0]}")
     return f"ready: draft-extend layout {desc.get('draft_extend_layout')}"
 
 

@@ -56,7 +56,8 @@ def up(m):
 
 
 def test_module_contract(m):
-    for name in ("decode_batch_size", "forward_off", "resume_pending", "prepare", "describe"):
+    for name in ("decode_batch_size", "forward_off", "resume_pending", "prepare", "describe", "runs_plain_batches",
+                 "forward_plain"):
         assert callable(getattr(m, name)), name
 
 
@@ -65,6 +66,8 @@ def test_describe(m):
     assert info["available"] is True
     assert info["input"] in ("model_worker_batch", "schedule_batch")
     assert info["graph_guard"] == compat.graph_guard_target()
+    # Plain-batch off-steps on the one release whose scheduler they are built on, and said so.
+    assert info["offstep_batch"].startswith("plain") is (compat.plain_batch_release_problem() is None)
 
 
 def test_input_kind_matches_release(m, sglang_version):

@@ -195,3 +195,98 @@ def test_the_memory_check_hook_decides_and_converts_the_running_batch(sgl, monke
     assert runtime.around_check_decode_mem(original, other) is True and not plain_batch.is_plain(other)
     assert runtime.around_check_decode_mem(original, batch, selected_indices=[0]) is True
     assert st.hook_calls["memcheck"] == 3
+
+
+class _Adapter:
+    """The worker side stands in here (its forward needs a GPU; tests/sglang/test_adapter_spec_v2.py
+    runs forward_plain on recorders, tests/gpu in a server)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def forward_plain(self, worker, batch, future_map):
+        self.calls.append(("plain", future_map))
+        return _Result(next_token_ids=torch.tensor([1]), next_draft_input=None)
+
+    def forward_off(self, worker, batch, mode, *a, **k):
+        self.calls.append(("off", mode))
+        return _Result(next_draft_input=object())
+
+    def resume_pending(self, worker):
+        return False
+
+
+class _Result:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def _plain_state(monkeypatch, sgl, fmap=None):
+    adapter = _Adapter()
+    sched = type("Sched", (), {"running_batch": None, "waiting_queue": [], "future_map": fmap})()
+    worker = object()
+    st = runtime.WorkerState(runtime.DynspecSettings(), None, sched, worker, "spec_v2", adapter)
+    st.plain = True
+    monkeypatch.setattr(runtime, "STATE", st)
+    return st, worker, adapter
+
+
+@needs_plain_release
+def test_the_forward_runs_what_the_memory_check_decided(sgl, monkeypatch):
+    from types import SimpleNamespace as NS
+
+    st, worker, adapter = _plain_state(monkeypatch, sgl, fmap="the future map")
+    upstream = []
+
+    def original(w, b, *a, **k):
+        upstream.append(b)
+        return _Result(next_draft_input=object())
+
+    decode = sgl["ForwardMode"].DECODE
+    plain = NS(forward_mode=decode, spec_info=None, spec_algorithm=sgl["NONE"])
+    spec = NS(forward_mode=decode, spec_info=object(), spec_algorithm=sgl["EAGLE3"])
+    res = runtime.around_v2_forward(original, worker, plain)
+    assert adapter.calls == [("plain", "the future map")] and st.plain_steps == 1
+    assert st.took_off_result(res)
+    st.planned = StepMode.RESUME
+    runtime.around_v2_forward(original, worker, spec)
+    assert adapter.calls[-1] == ("off", StepMode.RESUME) and st.planned is None
+    st.planned = StepMode.ON
+    runtime.around_v2_forward(original, worker, spec)
+    runtime.around_v2_forward(original, worker, spec)  # declined at the check: nothing planned
+    assert upstream == [spec, spec] and len(adapter.calls) == 2
+
+
+@needs_plain_release
+def test_plain_results_count_in_the_decode_log_and_their_tokens_reach_the_future_map(sgl, monkeypatch):
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.observability.scheduler_metrics_mixin import SchedulerMetricsMixin
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    fmap = sgl["FutureMap"](max_running_requests=4, chunked_prefill_size=64, context_len=64, device="cpu",
+                            spec_algo=sgl["EAGLE3"])
+    st, worker, adapter = _plain_state(monkeypatch, sgl, fmap)
+    stored = []
+    first = fmap.alloc_future_indices(1)
+    speculative = GenerationBatchResult(next_draft_input=EagleDraftInput(
+        topk_p=torch.ones(1, 1), topk_index=torch.zeros(1, 1, dtype=torch.int64), hidden_states=torch.zeros(1, 8),
+        bonus_tokens=torch.tensor([5], dtype=torch.int32), new_seq_lens=torch.tensor([4])))
+    real_store = type(fmap).store_to_map
+    real_store = getattr(real_store, "__wrapped__", real_store)
+    runtime.around_future_store(lambda *a: stored.append(a) or real_store(*a), fmap, first, speculative)
+    assert len(stored) == 1 and fmap.buf_initialized  # SGLang's own store
+    plain = runtime.around_v2_forward(None, worker, type("B", (), {
+        "forward_mode": sgl["ForwardMode"].DECODE, "spec_info": None, "spec_algorithm": sgl["NONE"]})())
+    step = fmap.alloc_future_indices(1)
+    runtime.around_future_store(lambda *a: stored.append(a), fmap, step, plain)
+    assert len(stored) == 1 and fmap.bonus_tokens_buf[step.interval].tolist() == [1]
+
+    # The scheduler's own counter update, called for the plain batch (the log divides by it).
+    proc = type("Proc", (), {"spec_num_accept_tokens": 0, "spec_num_forward_ct": 0, "num_generated_tokens": 0,
+                             "update_spec_metrics": SchedulerMetricsMixin.update_spec_metrics})()
+    batch = _speculative_batch(sgl, lengths=[10, 7], allocated=[10, 7])
+    batch.spec_algorithm = sgl["NONE"]
+    runtime.after_process_decode(None, proc, batch, plain)
+    assert (proc.spec_num_forward_ct, proc.spec_num_accept_tokens, proc.num_generated_tokens) == (2, 2, 0)
+    runtime.after_process_decode(None, proc, batch, plain)  # once per result
+    assert proc.spec_num_forward_ct == 2
