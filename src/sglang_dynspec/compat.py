@@ -145,8 +145,8 @@ def plain_batch_release_problem(v: Version | None = None) -> str | None:
     """Why off-steps cannot run as plain decode batches on this release (None: they can)."""
     v = sglang_version() if v is None else v
     if v is None or base_version(v) not in PLAIN_BATCH_RELEASES:
-        return (f"SGLang {v}: off-steps run as speculative batches (plain batches are built on "
-                f"{', '.join(map(str, PLAIN_BATCH_RELEASES))}'s scheduler)")
+        return (f"plain batches are built on SGLang {', '.join(map(str, PLAIN_BATCH_RELEASES))}'s scheduler; "
+                f"this is {v}")
     return None
 
 

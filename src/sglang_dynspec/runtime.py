@@ -1,7 +1,8 @@
 """The hooks SGLang calls, and the per-process state behind them.
 
 One scheduler process holds at most one EAGLE worker, so the state is process-global.
-Wrappers stay cheap on every step: attribute reads, one policy call, no GPU sync.
+Wrappers stay cheap on every step: attribute reads, one policy call, no GPU sync (a switch to
+plain-batch off-steps waits once for the last speculative step: adapters/plain_batch.to_plain).
 """
 
 from __future__ import annotations
@@ -298,8 +299,7 @@ def around_check_decode_mem(original, batch, *args, **kwargs):
         return original(batch, *args, **kwargs)
     t0 = time.perf_counter()
     sched = st.scheduler
-    declined = plain_batch.declines(batch)
-    if declined:
+    if plain_batch.declines(batch):
         # Runs upstream, speculatively, like a batch the speculative off-step declines.
         st.planned = None
         st.controller.on_other(0)

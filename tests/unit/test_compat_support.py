@@ -25,6 +25,18 @@ def test_targets_follow_release():
                        "0.5.13.post2": compat.PREFILL_GRAPH_CAN_RUN, "0.5.14": None}
 
 
+def test_plain_batch_hooks_follow_release():
+    from sglang_dynspec.activation import planned_hooks
+
+    for v, plain in (("0.5.11", False), ("0.5.12", True), ("0.5.12.post1", True), ("0.5.13", False),
+                     ("0.5.23", False)):
+        assert (compat.plain_batch_release_problem(Version(v)) is None) is plain, v
+        targets = {h.target for h in planned_hooks(Version(v))}
+        assert ({compat.CHECK_DECODE_MEM, compat.FUTURE_STORE} <= targets) is plain, v
+        assert not plain or compat.V2_FORWARD in targets
+    assert "0.5.12" in compat.plain_batch_release_problem(Version("0.5.15"))
+
+
 def test_doctor_refuses_unsupported_release(monkeypatch, capsys):
     monkeypatch.setattr(compat, "sglang_version", lambda: Version("0.5.24"))
     assert main(["doctor"]) == 1

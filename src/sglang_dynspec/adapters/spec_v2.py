@@ -431,8 +431,6 @@ def plain_batch_problem(st: SpecV2State, settings) -> str | None:
     if st.light is None:
         # A plain step has no verify window for the draft-extend to fill.
         return "the off-steps have no light draft sync (offstep_draft_sync or the draft's shape)"
-    if compat.v2_input_kind() != "model_worker_batch":
-        return "the worker receives a ScheduleBatch (SGLang >= 0.5.13)"
     return compat.plain_batch_release_problem()
 
 
@@ -598,8 +596,7 @@ def describe(worker=None) -> dict[str, Any]:
     kind = compat.v2_input_kind()
     mod = compat.v2_worker_module()
     prefill_problem = compat.light_prefill_release_problem()
-    plain_problem = (compat.plain_batch_release_problem() if kind == "model_worker_batch"
-                     else "the worker receives a ScheduleBatch (SGLang >= 0.5.13)")
+    plain_problem = compat.plain_batch_release_problem()
     info.update(
         available=True,
         input=kind,
@@ -614,7 +611,7 @@ def describe(worker=None) -> dict[str, Any]:
         offstep_draft_sync="light for single-layer EAGLE-3 drafts (resume step before speculating), else full",
         prefill_draft_sync=(f"full ({prefill_problem})" if prefill_problem
                             else "light where the off-steps sync light (resume step before speculating)"),
-        offstep_batch=("speculative (" + (plain_problem or "") + ")" if plain_problem
+        offstep_batch=(f"speculative ({plain_problem})" if plain_problem
                        else "plain where the off-steps sync light (the scheduler's plain decode path)"),
         topk_gt_1=(kind == "schedule_batch"),  # <= 0.5.12 routes topk > 1 to the v1 worker
         declines=["return_logprob", "return_hidden_states", "grammar", "DP attention", "PP", "TBO", "mamba/GDN"],
