@@ -69,7 +69,8 @@ def to_plain(batch, scheduler) -> None:
     batch.seq_lens_cpu = seq_lens_cpu
     batch.seq_lens_sum = int(seq_lens_cpu.sum())
     # The speculative path leaves orig_seq_lens behind; the plain one advances it with seq_lens.
-    batch.orig_seq_lens = batch.seq_lens.to(batch.orig_seq_lens.dtype, copy=True)
+    if batch.orig_seq_lens is not None:
+        batch.orig_seq_lens = batch.seq_lens.to(batch.orig_seq_lens.dtype, copy=True)
     batch.spec_info = None
     batch.spec_algorithm = compat.speculative_algorithm_none()
 
