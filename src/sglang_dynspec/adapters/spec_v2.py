@@ -425,13 +425,19 @@ def runs_plain_batches(worker) -> bool:
 
 
 def plain_batch_problem(st: SpecV2State, settings) -> str | None:
-    """Why off-steps of this worker run as speculative batches (None: as plain ones)."""
-    if settings.offstep_batch != "plain":
-        return f"offstep_batch={settings.offstep_batch}"
+    """Why off-steps of this worker run as speculative batches (None: as plain ones).  A plain
+    step has no verify window for the draft-extend to fill: it needs the light sync."""
+    return _light_feature_problem(st, "offstep_batch", settings.offstep_batch, "plain",
+                                  compat.plain_batch_release_problem)
+
+
+def _light_feature_problem(st: SpecV2State, setting: str, value: str, wanted: str, release_problem) -> str | None:
+    """Why a feature built on the light draft sync is off: its setting, no light sync, or the release."""
+    if value != wanted:
+        return f"{setting}={value}"
     if st.light is None:
-        # A plain step has no verify window for the draft-extend to fill.
         return "the off-steps have no light draft sync (offstep_draft_sync or the draft's shape)"
-    return compat.plain_batch_release_problem()
+    return release_problem()
 
 
 def forward_plain(worker, batch, future_map):
@@ -574,11 +580,8 @@ def prepare(worker, settings) -> None:
 
 def light_prefill_problem(st: SpecV2State, settings) -> str | None:
     """Why prefills while off run the draft's extend forward on this worker (None: light)."""
-    if settings.prefill_draft_sync != "light":
-        return f"prefill_draft_sync={settings.prefill_draft_sync}"
-    if st.light is None:
-        return "the off-steps have no light draft sync (offstep_draft_sync or the draft's shape)"
-    return compat.light_prefill_release_problem()
+    return _light_feature_problem(st, "prefill_draft_sync", settings.prefill_draft_sync, "light",
+                                  compat.light_prefill_release_problem)
 
 
 # --------------------------------------------------------------------------------------------
