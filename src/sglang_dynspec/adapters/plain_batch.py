@@ -24,6 +24,7 @@ the step, so that check, and the retraction it may trigger, is the new mode's ow
 from __future__ import annotations
 
 from .. import compat
+from . import spec_v2
 
 
 def _torch():
@@ -36,21 +37,8 @@ def is_plain(batch) -> bool:
     return batch.spec_algorithm.is_none()
 
 
-def declines(batch) -> str | None:
-    """Why this running batch must run speculatively (as upstream) whatever the policy says, or None.
-
-    The same requests the speculative off-step declines: its result does not replicate their
-    post-processing, and a plain batch on a speculative worker samples without the grammar delay.
-    """
-    if getattr(batch, "return_logprob", False):
-        return "logprobs"
-    if getattr(batch, "has_grammar", False):
-        return "grammar"
-    if getattr(batch, "return_hidden_states", False):
-        return "hidden states"
-    if getattr(batch, "global_num_tokens", None) is not None:
-        return "DP attention"
-    return None
+# The running batch declines what the speculative off-step declines (one check for both).
+declines = spec_v2.decline_reason
 
 
 def to_plain(batch, scheduler) -> None:
@@ -120,7 +108,7 @@ def to_speculative(batch, scheduler, draft_input_cls) -> None:
 def store(future_map, future_indices, result) -> bool:
     """Keep a plain step's new tokens in the FutureMap's token buffer; False where ``result`` is
     not a plain step's (it carries a next draft input), to be stored by SGLang."""
-    if result.next_draft_input is not None or future_map.spec_algo.is_none():
+    if result.next_draft_input is not None:
         return False
     span = future_indices.interval
     if future_map.is_empty_slice(span):

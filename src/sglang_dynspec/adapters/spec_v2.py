@@ -134,6 +134,22 @@ def _batch_has_grammar(batch) -> bool:
     return bool(getattr(si, "grammars", None))
 
 
+def decline_reason(batch) -> str | None:
+    """Why a decode batch must speculate whatever the policy says (None: it may run off): its
+    requests' post-processing differs between a verify and a plain decode in ways not replicated
+    here, or (plain batches) a plain batch on a speculative worker samples without the grammar
+    delay.  Reads the batch the worker receives and the scheduler's running batch alike."""
+    if getattr(batch, "return_logprob", False):
+        return "logprobs"
+    if getattr(batch, "global_num_tokens", None) is not None:
+        return "DP attention"
+    if _batch_has_grammar(batch):
+        return "grammar"
+    if _batch_wants_hidden_states(batch) or getattr(batch, "return_hidden_states_before_norm", False):
+        return "hidden states"
+    return None
+
+
 def decode_batch_size(worker, batch) -> int | None:
     """Rows of ``batch`` when it is a pure decode batch this adapter can run without speculation.
 
@@ -154,15 +170,7 @@ def decode_batch_size(worker, batch) -> int | None:
     is_draft = getattr(si, "is_draft_input", None)
     if callable(is_draft) and not is_draft():
         return None  # e.g. a pre-built verify input (PP relay, 0.5.23)
-    if getattr(batch, "return_logprob", False):
-        return None
-    if getattr(batch, "global_num_tokens", None) is not None:
-        return None
-    if _batch_has_grammar(batch) or _batch_wants_hidden_states(batch):
-        return None
-    if getattr(batch, "return_hidden_states_before_norm", False):
-        return None
-    if unsupported_reason(worker):
+    if decline_reason(batch) or unsupported_reason(worker):
         return None
     seq_lens = getattr(batch, "seq_lens", None)
     if seq_lens is None:
@@ -192,6 +200,17 @@ def _window_locs(worker, batch, ndt: int):
     return req_to_token[rows, offs].reshape(-1).to(torch.int64)
 
 
+def _ask_for_hidden(worker, overrides: dict) -> dict:
+    """Ask the target for the hidden states the draft reads, through whichever channel this
+    release reads (with spec_info=None nothing else asks, and the draft would get None): adds the
+    batch field to ``overrides``, or returns the keyword arguments of the target's call."""
+    mode = _capture_mode_for_target(worker)
+    if compat.target_capture_channel() == "kwarg":
+        return {"capture_hidden_mode": mode}
+    overrides["capture_hidden_mode"] = mode
+    return {}
+
+
 def _offstep_graphs_active(worker):
     return offstep_graphs.active(worker.target_worker.model_runner, state.of(worker, SpecV2State).graphs)
 
@@ -211,13 +230,7 @@ def _target_decode(worker, batch, kind: str, bonus, window, ndt: int, new_seq_le
         "seq_lens": new_seq_lens,
         "spec_info": None,
     }
-    # With spec_info=None nothing else asks for hidden states, so the mode must reach the
-    # target through whichever channel this release reads (else the draft-extend gets None).
-    call_kwargs = {}
-    if compat.target_capture_channel() == "kwarg":
-        call_kwargs["capture_hidden_mode"] = _capture_mode_for_target(worker)
-    else:
-        overrides["capture_hidden_mode"] = _capture_mode_for_target(worker)
+    call_kwargs = _ask_for_hidden(worker, overrides)
     if getattr(batch, "seq_lens_cpu", None) is not None:
         overrides["seq_lens_cpu"] = batch.seq_lens_cpu + 1
     if getattr(batch, "seq_lens_sum", None) is not None:
@@ -452,11 +465,8 @@ def forward_plain(worker, batch, future_map):
     # tokens (plain, speculative or prefill) sit in its token buffer under -ids.
     tokens = future_map.bonus_tokens_buf[torch.clamp(-ids, min=0)].to(torch.int64)
     input_ids = torch.where(ids < 0, tokens, ids.to(torch.int64))
-    call_kwargs, overrides = {}, {"input_ids": input_ids}
-    if compat.target_capture_channel() == "kwarg":
-        call_kwargs["capture_hidden_mode"] = _capture_mode_for_target(worker)
-    else:
-        overrides["capture_hidden_mode"] = _capture_mode_for_target(worker)
+    overrides = {"input_ids": input_ids}
+    call_kwargs = _ask_for_hidden(worker, overrides)
     tb = dataclasses.replace(batch, **overrides)
     with span("dynspec.offstep.target"), _offstep_graphs_active(worker):
         out = worker.target_worker.forward_batch_generation(tb, **call_kwargs)
