@@ -221,7 +221,7 @@ class CostView:
         self.prefill = [0.0] * PREFILL_COUNTS
         self.batch_points: list[tuple[float, float]] = []
         self.batch_fit = None
-        self.per_request = (0.0, 0.0)
+        self.per_request: tuple[float, float | None] = (0.0, None)
         if summed is None:  # filled by from_table
             return
         i = 0
@@ -255,7 +255,7 @@ class CostView:
         self.batch_points = []
         if vec is None:
             self.prefill = [0.0] * PREFILL_COUNTS
-            self.per_request = (0.0, 0.0)
+            self.per_request = (0.0, None)
             return
         pts = []
         for b in range(NUM_BUCKETS):
@@ -270,20 +270,43 @@ class CostView:
             self.batch_fit = _line(pts)
         self.per_request = self._choose_per_request()
 
-    def _choose_per_request(self) -> tuple[float, float]:
-        """(off, on) prefill seconds per admitted request, the figures a policy should use: speculation
-        its history; plain decode its current stretch, else its history; a mode without figures the
-        other's (nothing says they differ); 0.0 before any prefill was timed."""
-        hist_on, hist_off = self.prefill_history(True), self.prefill_history(False)
-        p_on = hist_on if hist_on is not None else (hist_off or 0.0)
+    def _choose_per_request(self) -> tuple[float, float | None]:
+        """(off, on) prefill seconds per admitted request from the batching each mode had: plain
+        decode its current stretch, else its history, else speculation's; speculation its history
+        (None without one: see ``prefill_per_request``); 0.0 before any prefill was timed."""
+        p_on = self.prefill_history(True)
         p_off = self.prefill_stretch(False)
         if p_off is None:
-            p_off = hist_off if hist_off is not None else p_on
+            p_off = self.prefill_history(False)
+        if p_off is None:
+            p_off = p_on or 0.0
         return p_off, p_on
 
-    def prefill_per_request(self, on: bool) -> float:
-        """Prefill seconds per admitted request to expect in that mode (see _choose_per_request)."""
-        return self.per_request[1 if on else 0]
+    def prefill_per_request(self, on: bool, bs: int = 1, accept: float = 1.0) -> float:
+        """Prefill seconds per admitted request to expect in that mode at decode batch ``bs`` (and,
+        speculating, acceptance ``accept``): the figure a policy should use.
+
+        Speculation without a batching history of its own gets its steady state, not plain
+        decode's figure: it scatters finishing times, so each of its steps admits about the
+        requests that finished in it (``refill_per_request``).  Plain decode's history holds the
+        waves it keeps in step; lent to speculation it priced its prefills at ~4 ms per request
+        where they took ~16 (H200 pair, pair1t-row1, C=30: speculation chosen at 0.81x)."""
+        if not on:
+            return self.per_request[0]
+        p_on = self.per_request[1]
+        if p_on is not None:
+            return p_on
+        refill = self.refill_per_request(max(bs, 1) * max(accept, 1.0) * self.requests_per_token())
+        return refill if refill is not None else self.per_request[0]
+
+    def refill_per_request(self, finished_per_step: float) -> float | None:
+        """Seconds per request of the prefill batches that replace requests finishing at random,
+        ``finished_per_step`` per decode step on average (None before any prefill was timed).  A
+        step with any finished holds lam / (1 - exp(-lam)) of them on average (Poisson), at
+        least one."""
+        lam = finished_per_step
+        n = lam / -math.expm1(-lam) if lam > 1e-9 else 1.0
+        return self._per_request(n)
 
     def _derive(self) -> None:
         """What every estimate reads, once per view: the fits, and speculation's largest timed bucket."""

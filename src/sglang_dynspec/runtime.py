@@ -89,7 +89,8 @@ class WorkerState:
             s["decode_bs"] = bs
             s["cost_on_s"] = v.estimate(True, bs)  # decode step alone
             s["cost_off_s"] = v.estimate(False, bs)
-            s["prefill_per_request_on_s"] = v.prefill_per_request(True)  # what the policy uses
+            # what the policy uses at this batch size and acceptance
+            s["prefill_per_request_on_s"] = v.prefill_per_request(True, bs, self.controller.accept_length)
             s["prefill_per_request_off_s"] = v.prefill_per_request(False)
             s["requests_per_token"] = v.requests_per_token()
         return s

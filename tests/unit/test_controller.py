@@ -1,6 +1,7 @@
 """The controller: timing, acceptance, switch counting, safe mode, TP agreement."""
 
 import logging
+import math
 
 import pytest
 
@@ -549,3 +550,35 @@ def test_warm_up_steps_do_not_set_a_buckets_time():
     for _ in range(40):
         t.observe(True, 1, 0.012)
     assert t.estimate_local(True, 1) > 0.011
+
+
+def test_speculation_without_a_batching_history_gets_its_steady_state_not_plain_waves():
+    """H200 pair, pair1t-row1, C=30: plain decode's refills came 29 at a time (~2.4 ms per request),
+    speculation had run no prefill at that load.  Lent plain decode's figure, speculation's prefills
+    looked as cheap; its own refills (one request at a time) took ~16 ms each."""
+    from sglang_dynspec.costs import CostTable, CostView, PrefillMeter
+
+    m = PrefillMeter()
+    for n, ms in ((1, 16.0), (6, 46.0), (29, 70.0)):
+        for _ in range(5):
+            m.add_tokens(128 * n)
+            m.observe(False, ms / 1e3, n)
+    v = CostView.from_table(CostTable(), m)
+    assert v.batch_size_history(True) is None
+    assert v.prefill_per_request(False) < 0.006  # plain decode's waves
+    # 30 requests x 2.33 tokens per step, 1/128 requests per token: 0.55 finish per step, and a
+    # step with any holds 1.3 of them (Poisson)
+    lam = 30 * 2.33 / 128
+    n = lam / (1 - math.exp(-lam))
+    assert v.prefill_per_request(True, 30, 2.33) == pytest.approx(v.batch_seconds(n) / n)
+    assert v.prefill_per_request(True, 30, 2.33) > 0.012
+    # at a larger batch more finish per step and they batch better
+    assert v.prefill_per_request(True, 250, 2.33) < v.prefill_per_request(True, 30, 2.33)
+    assert v.refill_per_request(0.0) == pytest.approx(v.batch_seconds(1))
+    # with a history of its own, speculation keeps it
+    m.observe(True, 0.046, 6)
+    v = CostView.from_table(CostTable(), m)
+    assert v.prefill_per_request(True, 30, 2.33) == pytest.approx(v.batch_seconds(6) / 6)
+    # nothing timed yet: no figure at all
+    assert CostView.from_table(CostTable(), PrefillMeter()).prefill_per_request(True, 30, 2.0) == 0.0
+

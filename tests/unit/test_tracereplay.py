@@ -322,3 +322,27 @@ def test_warm_up_steps_no_longer_hide_speculation_in_the_low_phases():
     assert min(s.estimates["on_tok_s"] for s in low0) > 200
     assert any(s.why == "fresh" and s.decided for s in low0)
     assert not any(s.recorded for s in low0)  # where the server stayed plain
+
+
+H200_C30 = Path(__file__).resolve().parents[2] / "benchmarks/results/pair1t-row1-logs.tar.xz"
+
+
+def test_plain_waves_are_not_lent_to_speculation():
+    """H200, SGLang 0.5.12, pair1t-row1 C=30 (128 tokens, closed loop): after a plain trial whose
+    refills came 29 at a time, the server switched to speculation (its estimate 5990 tok/s against
+    5702 for plain decode) and the level ended at 0.81x of a plain server (`off` 5874, `on` 3344).
+    Speculation had no prefill history at that load and was lent plain decode's waves.  Re-driven,
+    the policy keeps plain decode through the level up to that step, with speculation's estimate
+    below plain decode's."""
+    from sglang_dynspec.tracereplay import redrive
+
+    with tarfile.open(H200_C30, "r:xz") as tar:
+        member = next(m for m in tar.getmembers() if "/trace/" in m.name and m.name.endswith(".jsonl"))
+        rows = [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()]
+    switch = next(i for i, r in enumerate(rows) if r["bs"] >= 25 and r["on"] and not rows[i - 1]["on"])
+    assert rows[switch]["on_tok_s"] > rows[switch]["off_tok_s"]  # what the server estimated
+    steps = redrive(rows[: switch + 1], "goodput").steps
+    level = [s for s in steps if s.bs >= 25]
+    assert len(level) > 300 and not any(s.decided for s in level)
+    est = steps[switch].estimates
+    assert est["off_tok_s"] > 1.5 * est["on_tok_s"]

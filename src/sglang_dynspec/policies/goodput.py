@@ -10,7 +10,8 @@ admitted request after steps of that mode, ``requests_per_token`` the workload's
 Plain decode keeps requests that started together finishing together, so its prefills batch
 well only if it has been running since they started: its prefill figure is the one of its
 current stretch once that has seen a few requests.  Speculation scatters finishing times, so
-its figure is its history.
+its figure is its history, and without one its steady state, never plain decode's waves
+(``CostView.prefill_per_request``).
 
 Exploration is bounded: speculation first until acceptance is known, then one short stretch of
 plain decode; a *plain trial* of about one request lifetime when a burst of new requests
@@ -103,8 +104,8 @@ class Goodput:
         if d_on is None or d_off is None:
             return None
         rho = v.requests_per_token()
-        p_off, p_on = v.per_request
         acc = max(accept if accept is not None else x.accept_length, 1.0)
+        p_off, p_on = v.prefill_per_request(False), v.prefill_per_request(True, bs, acc)
         free = d_off / bs
         return d_on / (bs * acc) + p_on * rho, free + p_off * rho, free
 
