@@ -238,3 +238,24 @@ def test_the_plugins_own_cpu_time_is_counted_per_hook_and_per_decode_step(state)
     s = st.snapshot()
     assert 0 < sum(s["hook_cpu_s"].values()) < 0.02  # four sleeps of 20 ms are not in it
     assert s["hook_cpu_us_per_decode_step"] == pytest.approx(1e6 * sum(st.hook_cpu.values()) / 3, rel=1e-3)
+
+
+def test_stats_report_the_prefill_figures_the_policy_uses(state):
+    """The stats file's per-request prefill figures are the policy's own at the last decode step:
+    speculation's at that batch size and acceptance (its steady state without a history)."""
+    st = state("never")
+    ctl = Controller(build_policy("never", {}), sync_interval=1)
+    st.controller = ctl
+    t = [0.0]
+    ctl.clock = lambda: t[0]
+    for i in range(40):
+        if i % 10 == 5:
+            ctl.on_other(1)  # one request, 20 ms
+            t[0] += 0.020
+        ctl.on_decode(8)
+        t[0] += 0.004
+    s = st.snapshot()
+    v = ctl.view
+    assert s["decode_bs"] == 8 and v.batch_size_history(True) is None
+    assert s["prefill_per_request_off_s"] == v.prefill_per_request(False) > 0
+    assert s["prefill_per_request_on_s"] == v.prefill_per_request(True, 8, ctl.accept_length) > 0
