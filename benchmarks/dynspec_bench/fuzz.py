@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import correctness as corr
 from . import faults as flt
-from .loadgen import closed_loop, first_errors, sampling_params
+from .loadgen import closed_loop, first_errors, mean_accept_length, sampling_params
 from .modes import parse_mode, stats_dir_for
 from .prompts import PromptSource
 from .runconfig import RunConfig
@@ -62,11 +61,6 @@ class FuzzConfig(RunConfig):
 
 def _suffix(variant: str) -> str:
     return f"@{variant}" if variant else ""
-
-
-def _mean_accept(results) -> float | None:
-    vals = [r.completion_tokens / r.spec_verify_ct for r in results if r.ok and r.spec_verify_ct]
-    return round(statistics.fmean(vals), 4) if vals else None
 
 
 def run_fuzz(cfg: FuzzConfig, argv: list[str] | None = None) -> dict:
@@ -162,7 +156,7 @@ def _fuzz_level(cfg, c, ci, off, on, dyn, sdir, prompts, params) -> dict:
     acc_src = "stats.accept_length_on_steps"
     acc = stats_now.get("accept_length_on_steps")
     if acc is None:
-        acc, acc_src = _mean_accept(accepts), "meta_info completion_tokens/spec_verify_ct"
+        acc, acc_src = mean_accept_length(accepts), "meta_info (loadgen.accept_length)"
     static = asyncio.run(closed_loop(on.base_url, prompts.take(max(2 * c, 8), salt=7000 + ci), c, params,
                                      desc=f"on C={c}"))[0]
     level = {
@@ -174,7 +168,7 @@ def _fuzz_level(cfg, c, ci, off, on, dyn, sdir, prompts, params) -> dict:
         "requests": requests, "failed": failed,
         "mismatched": cmp["mismatched"], "first_mismatch": cmp["first_mismatch"],
         "accept_length_after_resume": acc, "accept_length_source": acc_src,
-        "accept_length_static_on": _mean_accept(static),
+        "accept_length_static_on": mean_accept_length(static),
         "server_avg_spec_accept_length": dyn.avg_spec_accept_length() if dyn.alive() else None,
     }
     if errors:

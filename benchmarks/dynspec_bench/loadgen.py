@@ -29,6 +29,7 @@ class RequestResult:
     latency_s: float | None = None
     completion_tokens: int = 0
     spec_verify_ct: int | None = None
+    spec_correct_drafts: int | None = None  # drafts its speculative verifies accepted, where reported
     spec_accept_length: float | None = None
     finish_reason: str | None = None
     output_ids: list[int] = field(default_factory=list)
@@ -181,6 +182,8 @@ async def send_one(
     res.finish_reason = _parse_finish(meta)
     vct = meta.get("spec_verify_ct")
     res.spec_verify_ct = int(vct) if vct is not None else None
+    correct = next((meta[k] for k in CORRECT_DRAFTS_KEYS if meta.get(k) is not None), None)
+    res.spec_correct_drafts = int(correct) if correct is not None else None
     acc = meta.get("spec_accept_length")
     res.spec_accept_length = float(acc) if acc is not None else None
     ct = meta.get("cached_tokens")
@@ -356,17 +359,40 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1000.0, 3)
 
 
+# meta_info's accepted drafts of a request: SGLang 0.5.12+ (0.5.12-0.5.15 also under the second
+# name), then 0.5.9-0.5.11.
+CORRECT_DRAFTS_KEYS = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
+
+
+def accept_length(r: RequestResult) -> float | None:
+    """Tokens per speculative verify of one request: 1 + accepted drafts / verifies where the server
+    reports its accepted drafts, else its own completion tokens / verifies.  The first counts
+    speculative steps only; the second also counts the tokens of dynspec's plain batches, which
+    SGLang does not count as verifies (6-14 on the H200 pair, pair1t-row1)."""
+    if not r.spec_verify_ct:
+        return None
+    if r.spec_correct_drafts is not None:
+        return 1.0 + r.spec_correct_drafts / r.spec_verify_ct
+    return r.completion_tokens / r.spec_verify_ct
+
+
+def mean_accept_length(results) -> float | None:
+    """``accept_length`` averaged over the requests that ran speculative verifies (None: none did)."""
+    vals = [a for a in (accept_length(r) for r in results if r.ok) if a is not None]
+    return round(statistics.fmean(vals), 4) if vals else None
+
+
 def summarize(results: list[RequestResult], wall_s: float) -> dict:
     ok = [r for r in results if r.ok]
     tokens = sum(r.completion_tokens for r in ok)
     tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
-    accept = [r.completion_tokens / r.spec_verify_ct for r in ok if r.spec_verify_ct]
+    accept = mean_accept_length(ok)
     return {
         "output_tok_per_s": round(tokens / wall_s, 3) if wall_s > 0 else None,
         "tpot_p50_ms": _ms(percentile(tpots, 50)),
         "tpot_p99_ms": _ms(percentile(tpots, 99)),
         "ttft_p50_ms": _ms(percentile([r.ttft_s for r in ok], 50)),
-        "accept_length": round(statistics.fmean(accept), 4) if accept else None,
+        "accept_length": accept,
         "requests": len(results),
         "failed": len(results) - len(ok),
         "completion_tokens": tokens,

@@ -61,6 +61,7 @@ def test_accept_length_from_meta_info(spec):
     s = loadgen.summarize(res, wall)
     # fake server: verify count = ceil(20 / 2.5) = 8 -> 20 / 8
     assert s["accept_length"] == pytest.approx(20 / 8)
+    assert {r.spec_correct_drafts for r in res} == {20 - 8}  # meta_info's accepted drafts, parsed
     assert spec.avg_spec_accept_length() == pytest.approx(20 / 8)
 
 
@@ -130,6 +131,19 @@ def test_percentile_and_summary_pure():
     s = loadgen.summarize(rs, 2.0)
     assert s["output_tok_per_s"] == 20.0 and s["failed"] == 1 and s["requests"] == 5
     assert s["tpot_p50_ms"] == pytest.approx(10.0) and s["accept_length"] == 2.0
+
+
+def test_accept_length_counts_speculative_verifies_only():
+    # 128 tokens, 20 speculative verifies accepting 28 drafts (48 tokens), 80 tokens from plain
+    # batches: SGLang's own completion_tokens / spec_verify_ct says 6.4, the drafts say 2.4.
+    mixed = loadgen.RequestResult(index=0, ok=True, completion_tokens=128, spec_verify_ct=20, spec_correct_drafts=28)
+    assert loadgen.accept_length(mixed) == pytest.approx(2.4)
+    older = loadgen.RequestResult(index=1, ok=True, completion_tokens=128, spec_verify_ct=20)  # no drafts reported
+    assert loadgen.accept_length(older) == pytest.approx(6.4)
+    plain = loadgen.RequestResult(index=2, ok=True, completion_tokens=128, spec_verify_ct=0)
+    assert loadgen.accept_length(plain) is None
+    assert loadgen.mean_accept_length([mixed, plain]) == pytest.approx(2.4)
+    assert loadgen.mean_accept_length([plain]) is None
 
 
 def test_sampling_params_rejects_bad_values():

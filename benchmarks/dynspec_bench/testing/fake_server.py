@@ -233,6 +233,7 @@ async def generate(request):
                 k = len(out)
                 vct = max(1, math.ceil(k / st.accept))
                 meta["spec_verify_ct"] = vct
+                meta["spec_num_correct_drafts"] = k - vct
                 meta["spec_accept_length"] = k / vct
                 st.spec_tokens += k
                 st.spec_verify += vct
