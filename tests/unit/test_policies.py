@@ -327,6 +327,24 @@ def test_goodput_backs_off_near_tie_probes_the_model_turns_back():
     assert q._probe_misses == 0
 
 
+def test_goodput_judges_a_probe_after_it_measured_enough_request_steps():
+    # pair1s-row1, C=1: a near-tie probe at bs 1 was turned back after 21 steps on a few noisy
+    # samples.  A probe now speculates PROBE_ROWS request-steps first, however the estimates lean;
+    # at bs 8 that is 8 steps, less than the dwell, which then decides as before.
+    v = view(lambda b: 10.0, lambda b: 5.0)
+    runs = {}
+    for bs in (1, 8):
+        p = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
+        out, whys = _drive(p, [bs] * 400, 1.85, v, start_prev=False)
+        start = whys.index("probe")
+        assert out[start] and not any(out[:start])
+        runs[bs] = out[start:].index(False)
+        held = whys[start + 1:start + runs[bs]]
+        assert set(held) <= {"probing", "dwell", "persist"}
+        assert held.count("probing") == 64 // bs - 1
+    assert runs[1] >= 64 and 16 <= runs[8] < 64
+
+
 def test_goodput_a_switch_reversing_a_recent_one_waits_longer_in_a_tie():
     # runs of 40 steps at bs 5 (speculation ~6 % ahead) and 40 at bs 4 (plain ~6 % ahead): each run
     # outlasts `persist`, so a rule without memory switches at every run; with it the waits double.

@@ -21,7 +21,8 @@ that); after ``reprobe_near`` plain steps a short speculative probe if the modes
 plain steps one if speculation could win with 1.5x today's acceptance (after 4x as long in any
 case, in case its costs are stale), and the same hopeful probe after ``reprobe_near`` plain steps
 when the batch drained and a new one began; none but the stale one while plain decode refills in
-waves (a probe would scatter them for good in a closed loop).  Hysteresis (``margin``), a lead averaged over ``persist``
+waves (a probe would scatter them for good in a closed loop).  A probe speculates for at least
+``PROBE_ROWS`` request-steps before it is judged (its acceptance is measured, not guessed).  Hysteresis (``margin``), a lead averaged over ``persist``
 decisions and ``min_dwell`` stop flapping; where the modes tie, switches that reverse recent ones
 and probes the model turns back make the next one wait longer.  The end of a trial is judged
 without the margin, so a toss-up speculates.
@@ -41,6 +42,8 @@ STALE_PROBE_FACTOR = 4  # ... or after this many reprobe intervals, whatever the
 BATCH_MOVED = 2.0  # a batch this many times larger or smaller than at the last switch ends the dwell
 FLIP_WINDOW = 512  # decode steps: a switch this soon after the previous one reverses it ...
 MAX_FLIPS = 3  # ... and doubles the decisions the next switch must wait for, up to 2**3 times
+PROBES = ("probe", "recheck", "fresh")  # the reasons that start a speculative probe from plain decode
+PROBE_ROWS = 64  # request-steps a probe speculates at least before the model may end it (see _decide)
 REFILL_WAVE = 4.0  # plain decode's prefill batches admit this many requests on average, or more: its
 #                   refills come in waves, which a probe would scatter (see _probe_scatters)
 
@@ -83,6 +86,7 @@ class Goodput:
         self._last_switch: int | None = None  # step of the last switch the model decided
         self._probe_at: int | None = None  # step of the last near-tie probe
         self._probe_misses = 0  # near-tie probes in a row that the model soon turned back (backs them off)
+        self._probe_rows_left = 0  # request-steps the current probe still speculates before it is judged
         self._why = "start"
         # Lowest speculative step time per batch size in the current speculative stretch, and the
         # step of a probe owed after a switch that a rise of that time decided (see _note_switch).
@@ -112,6 +116,10 @@ class Goodput:
     # --- the decision ----------------------------------------------------------------
     def decide(self, x: StepInputs) -> bool:
         d = self._decide(x)
+        if d and not x.previous and self._why in PROBES:
+            self._probe_rows_left = PROBE_ROWS
+        elif not d:
+            self._probe_rows_left = 0
         if d != x.previous:
             self._entry_bs = x.decode_bs
             self._reset_lead()  # a lead measured in the other mode is no evidence for this one
@@ -176,6 +184,14 @@ class Goodput:
             if self.trial_left == 0:
                 self.after_trial = True
             return self._say(False, "trial", c)
+        if prev and self._probe_rows_left > 0:
+            # A probe is judged on the acceptance it measures, and at one request per step a few
+            # steps are a few noisy samples: on the H200 pair (pair1s-row1, C=1) a near-tie probe was
+            # turned back after 21 steps on an acceptance of 1.8-2.0 where the level's was 2.4, and
+            # the level ran plain for 4 more seconds (0.968x).  At 8 requests or more the dwell is longer.
+            self._probe_rows_left -= x.decode_bs
+            if self._probe_rows_left > 0:
+                return self._say(True, "probing", c)
         if prev is not None and x.steps_in_mode < self.min_dwell and not self._batch_moved(x.decode_bs):
             return self._say(prev, "dwell", c)
         g = c_off / c_on
