@@ -328,7 +328,7 @@ def test_goodput_backs_off_near_tie_probes_the_model_turns_back():
 
 
 def test_goodput_judges_a_probe_after_it_measured_enough_request_steps():
-    # pair1s-row1, C=1: a near-tie probe at bs 1 was turned back after 21 steps on a few noisy
+    # pair1s-row1, C=1: a near-tie probe at bs 1 was turned back after 23 steps on a few noisy
     # samples.  A probe now speculates PROBE_ROWS request-steps first, however the estimates lean;
     # at bs 8 that is 8 steps, less than the dwell, which then decides as before.
     v = view(lambda b: 10.0, lambda b: 5.0)

@@ -187,7 +187,7 @@ class Goodput:
         if prev and self._probe_rows_left > 0:
             # A probe is judged on the acceptance it measures, and at one request per step a few
             # steps are a few noisy samples: on the H200 pair (pair1s-row1, C=1) a near-tie probe was
-            # turned back after 21 steps on an acceptance of 1.8-2.0 where the level's was 2.4, and
+            # turned back after 23 steps on an acceptance of 1.8-2.0 where the level's was 2.4, and
             # the level ran plain for 4 more seconds (0.968x).  At 8 requests or more the dwell is longer.
             self._probe_rows_left -= x.decode_bs
             if self._probe_rows_left > 0:
