@@ -30,7 +30,6 @@ class RequestResult:
     completion_tokens: int = 0
     spec_verify_ct: int | None = None
     spec_correct_drafts: int | None = None  # drafts its speculative verifies accepted, where reported
-    spec_accept_length: float | None = None
     finish_reason: str | None = None
     output_ids: list[int] = field(default_factory=list)
     phase: str | None = None
@@ -184,8 +183,6 @@ async def send_one(
     res.spec_verify_ct = int(vct) if vct is not None else None
     correct = next((meta[k] for k in CORRECT_DRAFTS_KEYS if meta.get(k) is not None), None)
     res.spec_correct_drafts = int(correct) if correct is not None else None
-    acc = meta.get("spec_accept_length")
-    res.spec_accept_length = float(acc) if acc is not None else None
     ct = meta.get("cached_tokens")
     res.cached_tokens = int(ct) if isinstance(ct, (int, float)) else None
     if abort_after_chunks is not None:
