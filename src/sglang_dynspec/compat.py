@@ -51,6 +51,14 @@ def request_opts_out(recv_req) -> bool:
     return isinstance(custom, dict) and custom.get(OPTOUT_KEY) in OPTOUT_VALUES
 
 
+def batch_is_greedy(batch) -> bool | None:
+    """Whether every request of a batch (ScheduleBatch or ModelWorkerBatch) samples greedily: its
+    ``sampling_info.is_all_greedy`` (0.5.9-0.5.23), which a running batch keeps until it drains (a
+    sampled request that finished still counts); None where the batch has no such field."""
+    flag = getattr(getattr(batch, "sampling_info", None), "is_all_greedy", None)
+    return None if flag is None else bool(flag)
+
+
 def decode_batch_reqs(batch, running_batch):
     """The requests of a decode batch the worker received."""
     # spec_v2 <= 0.5.12 receives a ModelWorkerBatch without reqs: its rows are the running batch's.

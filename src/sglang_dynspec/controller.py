@@ -66,6 +66,17 @@ class StepRecord:
     # each result's (rows, accepted drafts) when more than one arrived since the previous decode
     # step: acceptance is averaged per result, so their sum alone does not replay it
     results: tuple[tuple[int, int], ...] | None = None
+    greedy: bool | None = None  # the batch samples greedily (its acceptance is kept apart); None: unknown
+
+
+@dataclass(slots=True)
+class Acceptance:
+    """Tokens per request per speculative step (bonus included) of one sampling regime,
+    averaged by rows (Controller.accept_weight)."""
+
+    length: float = 0.0
+    samples: int = 0
+    recent: int = 0  # samples since the average last restarted (its weights)
 
 
 # A single decide() this many times over its deadline is a hang, not a hiccup.
@@ -130,9 +141,12 @@ class Controller:
         self.step = 0
         self.prev: bool | None = None
         self.steps_in_mode = 0
-        self.accept_length = 0.0
-        self.accept_samples = 0
-        self._accept_recent = 0  # samples since the acceptance average last restarted (its weights)
+        # Acceptance per sampling regime of the batch (greedy or not; None where the release does
+        # not say): a draft agrees with greedy decoding far more often than with sampling (2.4 vs
+        # 1.8 on the H200 pair), so one average mixed the two and, while off, never learnt that
+        # the requests had changed.  The policy sees the current batch's regime.
+        self._accept: dict[bool | None, Acceptance] = {None: Acceptance()}
+        self._greedy: bool | None = None  # the regime of the last decode step
         # timing chain: the previous decode step's (start time, mode, bs)
         self._t_prev: float | None = None
         self._t_other: float | None = None  # start of the first non-decode batch since _t_prev
@@ -165,15 +179,18 @@ class Controller:
         return self.step_mode(decode_bs, running, waiting, force_off=force_off) is StepMode.ON
 
     def step_mode(self, decode_bs: int, running: int = 0, waiting: int = 0, force_off: bool = False,
-                  resume_pending: bool = False) -> StepMode:
+                  resume_pending: bool = False, greedy: bool | None = None) -> StepMode:
         """Decide one decode step.
 
         ``force_off``: a request in the batch opted out of speculation; the policy is not asked.
         ``resume_pending``: the worker's last off-step used the light draft sync, so a step the
         policy wants speculative runs as a RESUME step (an off-step cost, counted in
         ``steps_resume``; ``steps_on`` and the observers still see the policy's "on").
+        ``greedy``: the batch samples greedily (True), not (False), unknown (None): the policy is
+        given that regime's acceptance.
         """
         now = self.clock()
+        self._greedy = greedy
         rows = self._rows_admitted
         # A burst of new requests (rank-identical: the scheduler's batches are): the batching that
         # plain decode preserves starts afresh, so both modes' prefill stretches restart.
@@ -230,7 +247,7 @@ class Controller:
                 # another workload's (temperature 0.7 before greedy on the H200 pair, pair1q-rows34),
                 # and at small batches its row weighting would take hundreds of steps to forget it.
                 # The new samples outweigh it (accept_weight); the policy still counts it as known.
-                self._accept_recent = 0
+                self.acceptance(greedy).recent = 0
             self.stats["switches"] += 1
             self.steps_in_mode = 1
             self.prefill.new_stretch(decision)
@@ -250,7 +267,7 @@ class Controller:
             rec = StepRecord(self.step - 1, decode_bs, running, waiting, decision, switched,
                              self.failed is not None, self.accept_length, self.estimates(), rows, extend,
                              now, sum(r for r, _ in res), sum(a for _, a in res), self.verify_rows,
-                             tuple(res) if len(res) > 1 else None)
+                             tuple(res) if len(res) > 1 else None, greedy)
             hook.dynspec_decision(record=rec)
             if switched:
                 hook.dynspec_switch(record=rec)
@@ -299,31 +316,54 @@ class Controller:
         on, seconds, rows = held
         self.prefill.observe(on, None if seconds is None else seconds + spill, rows)
 
-    def on_result(self, decode_bs: int, accepted_drafts: int) -> None:
-        """Accepted drafts of one speculative step (from the scheduler; rank-identical)."""
+    def on_result(self, decode_bs: int, accepted_drafts: int, greedy: bool | None = None) -> None:
+        """Accepted drafts of one speculative step (from the scheduler; rank-identical), of a batch
+        in sampling regime ``greedy`` (as in step_mode)."""
         if decode_bs <= 0:
             return
         self.stats["accepted_drafts"] += accepted_drafts
         self.stats["spec_rows"] += decode_bs
         self._results.append((decode_bs, accepted_drafts))
         self.prefill.add_tokens(decode_bs + accepted_drafts)
+        a = self.acceptance(greedy)
         sample = 1.0 + accepted_drafts / decode_bs
-        self.accept_length += self.accept_weight(decode_bs) * (sample - self.accept_length)
-        self.accept_samples += 1
-        self._accept_recent += 1
+        a.length += self._weight(a, decode_bs) * (sample - a.length)
+        a.samples += 1
+        a.recent += 1
+
+    def acceptance(self, greedy: bool | None) -> Acceptance:
+        """The acceptance of sampling regime ``greedy``."""
+        a = self._accept.get(greedy)
+        if a is None:
+            a = self._accept[greedy] = Acceptance()
+        return a
+
+    @property
+    def accept_length(self) -> float:
+        """The acceptance of the last decode step's regime (0.0 while unknown)."""
+        return self.acceptance(self._greedy).length
+
+    @property
+    def accept_samples(self) -> int:
+        return self.acceptance(self._greedy).samples
 
     def accept_weight(self, decode_bs: int) -> float:
-        """Weight of the next speculative step's sample in the acceptance average: by rows, since a
-        step of one request is one noisy sample (a hard prompt dips it for a few steps, and a dip
-        that decides "off" is not corrected while off) and a step of 100 is many."""
-        return max(1.0 / (self._accept_recent + 1), min(1.0, decode_bs / self.accept_memory_rows))
+        """Weight of the next speculative step's sample in the acceptance average of the last
+        decode step's regime: by rows, since a step of one request is one noisy sample (a hard
+        prompt dips it for a few steps, and a dip that decides "off" is not corrected while off)
+        and a step of 100 is many."""
+        return self._weight(self.acceptance(self._greedy), decode_bs)
+
+    def _weight(self, a: Acceptance, decode_bs: int) -> float:
+        return max(1.0 / (a.recent + 1), min(1.0, decode_bs / self.accept_memory_rows))
 
     # --- internals ------------------------------------------------------------------
     def _ask(self, decode_bs: int, running: int, waiting: int, new_load: bool = False, fresh: bool = False) -> bool:
         if self.failed is not None:
             return self.safe_value
-        x = StepInputs(self.step, decode_bs, running, waiting, self.accept_length,
-                       self.accept_samples, self.prev, self.steps_in_mode, self.view, new_load, fresh)
+        a = self.acceptance(self._greedy)
+        x = StepInputs(self.step, decode_bs, running, waiting, a.length,
+                       a.samples, self.prev, self.steps_in_mode, self.view, new_load, fresh)
         t0 = self.clock()
         try:
             d = self.policy.decide(x)
@@ -403,6 +443,10 @@ class Controller:
             failure=self.failed,
             accept_length=None if self.accept_samples == 0 else round(self.accept_length, 4),
             accept_samples=self.accept_samples,
+            accept_by_sampling={
+                ("greedy" if k else "sampled"): {"accept_length": round(a.length, 4), "samples": a.samples}
+                for k, a in self._accept.items() if k is not None and a.samples
+            },
             estimates=self.estimates(),
         )
         return s

@@ -148,6 +148,8 @@ class TraceObserver:
             f'"prefill_ms":{record.prefill_s * 1e3:.3f},"res_rows":{record.result_rows},'
             f'"res_acc":{record.result_accepted}{extra}'
         )
+        if record.greedy is not None:
+            line += ',"greedy":' + ("true" if record.greedy else "false")
         if record.results:
             line += ',"res":' + json.dumps([list(r) for r in record.results], separators=(",", ":"))
         # The first line also carries what the re-drive needs beyond the steps.

@@ -285,7 +285,8 @@ def _decide(st: WorkerState, batch, bs: int, running_batch) -> StepMode:
     # speculative runs as a resume step (an off-step that refreshes the draft fully).
     # Rank-identical: it depends only on the previous (agreed) decisions.
     mode = st.controller.step_mode(bs, running, waiting, force_off=force_off,
-                                   resume_pending=st.adapter.resume_pending(st.worker))
+                                   resume_pending=st.adapter.resume_pending(st.worker),
+                                   greedy=compat.batch_is_greedy(batch))
     if st.stats_writer is not None or st.prometheus is not None:
         _report(st)
     return mode
@@ -452,7 +453,7 @@ def after_process_decode(ret, processor, batch, result, *args, **kwargs):
     elif st.accepted_field is not None:
         n = getattr(result, st.accepted_field, None)
         if n is not None:
-            st.controller.on_result(batch.batch_size(), int(n))
+            st.controller.on_result(batch.batch_size(), int(n), compat.batch_is_greedy(batch))
     st.spent("result", t0)
     return None
 

@@ -33,3 +33,25 @@ def test_off_step_results_can_be_remembered_weakly():
         assert remembered[id(res)] is res
         del res
         assert len(remembered) == 0, cls
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_batch_says_whether_it_samples_greedily(greedy):
+    """The controller keeps acceptance per sampling regime; compat reads the regime from SGLang's
+    own flag on a real ScheduleBatch's real SamplingBatchInfo (its other fields do not matter here)."""
+    import dataclasses
+
+    from sglang.srt.managers import schedule_batch
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    from sglang_dynspec import compat
+
+    required = {f.name: None for f in dataclasses.fields(SamplingBatchInfo)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    info = SamplingBatchInfo(**{**required, "is_all_greedy": greedy})
+    assert compat.batch_is_greedy(ScheduleBatch(reqs=[], sampling_info=info)) is greedy
+    worker_batch = getattr(schedule_batch, "ModelWorkerBatch", None)  # what spec_v2 gets up to 0.5.12
+    if worker_batch is not None:
+        assert "sampling_info" in {f.name for f in dataclasses.fields(worker_batch)}
+    assert compat.batch_is_greedy(ScheduleBatch(reqs=[])) is None  # no sampling info yet

@@ -582,3 +582,50 @@ def test_speculation_without_a_batching_history_gets_its_steady_state_not_plain_
     # nothing timed yet: no figure at all
     assert CostView.from_table(CostTable(), PrefillMeter()).prefill_per_request(True, 30, 2.0) == 0.0
 
+
+
+def test_acceptance_is_kept_per_sampling_regime_and_the_policy_sees_the_batchs():
+    """H200 pair, pair1u-rows34: after row 3 (temperature 0.7, acceptance 1.76) the first greedy low
+    phase of row 4 ran plain at bs 1, where speculation (acceptance 2.4) was 1.4x faster: one average
+    held the sampled acceptance, and acceptance is not measured while off.  Each regime now has its
+    own, and a regime that never speculated is unknown to the policy."""
+    seen = []
+    c = Controller(Scripted(lambda x: seen.append((x.accept_length, x.accept_samples)) or True))
+    c.step_mode(4, greedy=False)
+    for _ in range(20):
+        c.on_result(4, 3, greedy=False)  # 1.75 tokens per row per step
+    c.step_mode(4, greedy=True)  # a greedy batch: nothing known of its regime
+    assert seen[-1] == (0.0, 0)
+    for _ in range(20):
+        c.on_result(4, 6, greedy=True)  # 2.5
+    c.step_mode(4, greedy=True)
+    assert seen[-1] == (pytest.approx(2.5), 20)
+    c.step_mode(4, greedy=False)
+    assert seen[-1] == (pytest.approx(1.75), 20)
+    assert c.accept_length == pytest.approx(1.75)  # the last step's regime (stats, trace)
+    assert c.snapshot()["accept_by_sampling"] == {"greedy": {"accept_length": 2.5, "samples": 20},
+                                                  "sampled": {"accept_length": 1.75, "samples": 20}}
+    # a release that does not say (None) keeps one average of its own
+    c.step_mode(4)
+    assert seen[-1] == (0.0, 0)
+
+
+def test_goodput_learns_a_new_regimes_acceptance_even_while_plain_decode_wins_the_old_one():
+    c = Controller(build_policy("goodput", {}), clock=(clock := Clock()))
+    decisions = []
+
+    def step(greedy, on_ms=6.0, off_ms=3.4, drafts=0):
+        mode = c.step_mode(1, 1, 0, greedy=greedy)
+        decisions.append((mode is StepMode.ON, (c.estimates() or {}).get("why")))
+        clock.t += (on_ms if mode is StepMode.ON else off_ms) / 1e3
+        if mode is StepMode.ON:
+            c.on_result(1, drafts, greedy=greedy)
+
+    for _ in range(400):
+        step(False, drafts=0)  # sampled: speculation accepts nothing, 6 ms for 1 token
+    assert decisions[-1] == (False, "model")
+    step(True, drafts=2)  # greedy requests arrive: their acceptance is unknown
+    assert decisions[-1] == (True, "learn on")
+    for _ in range(100):
+        step(True, drafts=2)  # 3 tokens per 6 ms against 1 per 3.4 ms
+    assert decisions[-1][0] is True

@@ -45,6 +45,30 @@ def test_trace_observer_bounded(tmp_path):
     first = json.loads(lines[0])
     assert first["step"] == 0 and first["bs"] == 1 and first["on"] is True
     assert json.loads(lines[4])["on"] is False  # bs 5 > n
+    assert "greedy" not in first  # the batches did not say
+
+
+def test_trace_records_each_steps_sampling_regime(tmp_path):
+    import pluggy
+
+    from sglang_dynspec import hookspecs
+    from sglang_dynspec.tracereplay import redrive
+
+    pm = pluggy.PluginManager("sglang_dynspec")
+    pm.add_hookspecs(hookspecs)
+    obs = TraceObserver(tmp_path / "trace.jsonl", max_bytes=1 << 20)
+    pm.register(obs)
+    c = Controller(build_policy("goodput", {}), hook=pm.hook)
+    for i in range(40):
+        greedy = i >= 20
+        c.step_mode(2, 2, 0, greedy=greedy)
+        c.on_result(2, 4 if greedy else 1, greedy=greedy)
+    obs.close()
+    rows = [json.loads(line) for line in obs.path.read_text().splitlines()]
+    assert [r["greedy"] for r in rows] == [False] * 20 + [True] * 20
+    # the re-drive gives each regime its own acceptance, as the server did
+    steps = redrive(rows, "goodput").steps
+    assert [s.why for s in steps[:8]] == ["learn on"] * 8 and steps[20].why == "learn on"
 
 
 class Explaining:

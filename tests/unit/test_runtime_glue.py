@@ -259,3 +259,20 @@ def test_stats_report_the_prefill_figures_the_policy_uses(state):
     assert s["decode_bs"] == 8 and v.batch_size_history(True) is None
     assert s["prefill_per_request_off_s"] == v.prefill_per_request(False) > 0
     assert s["prefill_per_request_on_s"] == v.prefill_per_request(True, 8, ctl.accept_length) > 0
+
+
+def test_the_batchs_sampling_regime_reaches_the_decision_and_its_result(state):
+    st = state("always")
+    seen = []
+    decide = st.controller.policy.decide
+    st.controller.policy.decide = lambda x: seen.append(x.accept_samples) or decide(x)
+    greedy, sampled = batch(4), batch(4)
+    greedy.sampling_info, sampled.sampling_info = NS(is_all_greedy=True), NS(is_all_greedy=False)
+    runtime.around_v1_forward(original, st.worker, sampled)
+    runtime.after_process_decode(None, None, sampled, NS(num_correct_drafts=4))  # 2.0
+    runtime.around_v1_forward(original, st.worker, greedy)
+    runtime.after_process_decode(None, None, greedy, NS(num_correct_drafts=8))  # 3.0
+    runtime.around_v1_forward(original, st.worker, sampled)
+    assert seen == [0, 0, 1]  # the greedy batch had no acceptance of its own yet
+    assert st.controller.accept_length == pytest.approx(2.0)
+    assert st.snapshot()["accept_by_sampling"]["greedy"]["accept_length"] == pytest.approx(3.0)
