@@ -51,12 +51,18 @@ def request_opts_out(recv_req) -> bool:
     return isinstance(custom, dict) and custom.get(OPTOUT_KEY) in OPTOUT_VALUES
 
 
-def batch_is_greedy(batch) -> bool | None:
-    """Whether every request of a batch (ScheduleBatch or ModelWorkerBatch) samples greedily: its
-    ``sampling_info.is_all_greedy`` (0.5.9-0.5.23), which a running batch keeps until it drains (a
-    sampled request that finished still counts); None where the batch has no such field."""
-    flag = getattr(getattr(batch, "sampling_info", None), "is_all_greedy", None)
-    return None if flag is None else bool(flag)
+def reqs_are_greedy(reqs) -> bool | None:
+    """Whether every request samples greedily (``top_k`` 1, what SGLang makes of temperature 0, and
+    its own greedy test); None without requests or where a request does not say.  Read from the
+    requests, not the batch's ``sampling_info.is_all_greedy``: the batch that result processing gets
+    is a copy without sampling info (0.5.12's ``ScheduleBatch.copy``), and a running batch keeps the
+    flag False after its sampled requests left, so decision and result would disagree."""
+    if not reqs:
+        return None
+    try:
+        return all(r.sampling_params.top_k <= 1 for r in reqs)
+    except (AttributeError, TypeError):
+        return None
 
 
 def decode_batch_reqs(batch, running_batch):

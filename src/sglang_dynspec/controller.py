@@ -318,14 +318,15 @@ class Controller:
 
     def on_result(self, decode_bs: int, accepted_drafts: int, greedy: bool | None = None) -> None:
         """Accepted drafts of one speculative step (from the scheduler; rank-identical), of a batch
-        in sampling regime ``greedy`` (as in step_mode)."""
+        in sampling regime ``greedy`` (as in step_mode; None: the last decision's, so that a result
+        whose batch does not say still teaches the regime the policy is asking about)."""
         if decode_bs <= 0:
             return
         self.stats["accepted_drafts"] += accepted_drafts
         self.stats["spec_rows"] += decode_bs
         self._results.append((decode_bs, accepted_drafts))
         self.prefill.add_tokens(decode_bs + accepted_drafts)
-        a = self.acceptance(greedy)
+        a = self.acceptance(self._greedy if greedy is None else greedy)
         sample = 1.0 + accepted_drafts / decode_bs
         a.length += self._weight(a, decode_bs) * (sample - a.length)
         a.samples += 1

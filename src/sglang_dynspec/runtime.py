@@ -286,7 +286,7 @@ def _decide(st: WorkerState, batch, bs: int, running_batch) -> StepMode:
     # Rank-identical: it depends only on the previous (agreed) decisions.
     mode = st.controller.step_mode(bs, running, waiting, force_off=force_off,
                                    resume_pending=st.adapter.resume_pending(st.worker),
-                                   greedy=compat.batch_is_greedy(batch))
+                                   greedy=compat.reqs_are_greedy(compat.decode_batch_reqs(batch, running_batch)))
     if st.stats_writer is not None or st.prometheus is not None:
         _report(st)
     return mode
@@ -453,7 +453,7 @@ def after_process_decode(ret, processor, batch, result, *args, **kwargs):
     elif st.accepted_field is not None:
         n = getattr(result, st.accepted_field, None)
         if n is not None:
-            st.controller.on_result(batch.batch_size(), int(n), compat.batch_is_greedy(batch))
+            st.controller.on_result(batch.batch_size(), int(n), compat.reqs_are_greedy(batch.reqs))
     st.spent("result", t0)
     return None
 

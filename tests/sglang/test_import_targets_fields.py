@@ -35,23 +35,24 @@ def test_off_step_results_can_be_remembered_weakly():
         assert len(remembered) == 0, cls
 
 
-@pytest.mark.parametrize("greedy", [True, False])
-def test_a_batch_says_whether_it_samples_greedily(greedy):
-    """The controller keeps acceptance per sampling regime; compat reads the regime from SGLang's
-    own flag on a real ScheduleBatch's real SamplingBatchInfo (its other fields do not matter here)."""
-    import dataclasses
-
-    from sglang.srt.managers import schedule_batch
-    from sglang.srt.managers.schedule_batch import ScheduleBatch
-    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+@pytest.mark.parametrize("temperatures, greedy", [((0.0, 0.0), True), ((0.0, 0.7), False)])
+def test_a_decode_step_and_its_result_agree_on_the_sampling_regime(temperatures, greedy):
+    """The controller keeps acceptance per sampling regime, read at the decision from the running
+    batch's requests and at the result from the batch result processing gets: on 0.5.12 a
+    ScheduleBatch.copy() without sampling info (a GPU run with the batch flag left every
+    temperature-0.7 result unattributed, and its policy learning forever).  Real Req, SamplingParams
+    and ScheduleBatch; SGLang makes temperature 0 top_k 1."""
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.sampling.sampling_params import SamplingParams
 
     from sglang_dynspec import compat
 
-    required = {f.name: None for f in dataclasses.fields(SamplingBatchInfo)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-    info = SamplingBatchInfo(**{**required, "is_all_greedy": greedy})
-    assert compat.batch_is_greedy(ScheduleBatch(reqs=[], sampling_info=info)) is greedy
-    worker_batch = getattr(schedule_batch, "ModelWorkerBatch", None)  # what spec_v2 gets up to 0.5.12
-    if worker_batch is not None:
-        assert "sampling_info" in {f.name for f in dataclasses.fields(worker_batch)}
-    assert compat.batch_is_greedy(ScheduleBatch(reqs=[])) is None  # no sampling info yet
+    reqs = []
+    for i, t in enumerate(temperatures):
+        params = SamplingParams(temperature=t, max_new_tokens=8)
+        params.normalize(None)
+        reqs.append(Req(f"r{i}", "", [1, 2, 3], params))
+    batch = ScheduleBatch(reqs=reqs)
+    assert compat.reqs_are_greedy(compat.decode_batch_reqs(batch, None)) is greedy
+    assert compat.reqs_are_greedy(batch.copy().reqs) is greedy
+    assert compat.reqs_are_greedy([]) is None

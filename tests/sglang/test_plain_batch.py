@@ -183,7 +183,7 @@ def test_the_memory_check_hook_decides_and_converts_the_running_batch(sgl, monke
 
     assert runtime.around_check_decode_mem(original, batch) is True
     assert st.planned is StepMode.OFF and plain_batch.is_plain(batch) and st.controller.bs == 2
-    assert st.controller.greedy is None  # this batch has no sampling info (a real one says)
+    assert st.controller.greedy is False  # its requests sample (SamplingParams() is temperature 1)
     assert [r.kv_allocated_len for r in batch.reqs] == [10, 7]
     batch.output_ids = -torch.tensor([3, 4])
     assert runtime.around_check_decode_mem(original, batch) is True  # stays plain, nothing to convert

@@ -608,6 +608,12 @@ def test_acceptance_is_kept_per_sampling_regime_and_the_policy_sees_the_batchs()
     # a release that does not say (None) keeps one average of its own
     c.step_mode(4)
     assert seen[-1] == (0.0, 0)
+    # a result whose batch does not say teaches the regime of the last decision (pair1v-rows34:
+    # results of unknown regime taught none, and the policy learnt "on" for 3377 steps)
+    c.step_mode(4, greedy=False)
+    c.on_result(4, 0)  # 1.0
+    c.step_mode(4, greedy=False)
+    assert seen[-1][1] == 21 and seen[-1][0] < 1.75
 
 
 def test_goodput_learns_a_new_regimes_acceptance_even_while_plain_decode_wins_the_old_one():

@@ -266,12 +266,20 @@ def test_the_batchs_sampling_regime_reaches_the_decision_and_its_result(state):
     seen = []
     decide = st.controller.policy.decide
     st.controller.policy.decide = lambda x: seen.append(x.accept_samples) or decide(x)
-    greedy, sampled = batch(4), batch(4)
-    greedy.sampling_info, sampled.sampling_info = NS(is_all_greedy=True), NS(is_all_greedy=False)
+
+    def regime(b, top_k):
+        for r in b.reqs:
+            r.sampling_params = NS(top_k=top_k)  # SGLang makes temperature 0 top_k 1
+        return b
+
+    greedy, sampled = regime(batch(4), 1), regime(batch(4), 1 << 30)
+    # result processing gets the batch's requests only (0.5.12's ScheduleBatch.copy has no sampling info)
     runtime.around_v1_forward(original, st.worker, sampled)
-    runtime.after_process_decode(None, None, sampled, NS(num_correct_drafts=4))  # 2.0
+    runtime.after_process_decode(None, None, NS(reqs=sampled.reqs, batch_size=lambda: 4),
+                                 NS(num_correct_drafts=4))  # 2.0
     runtime.around_v1_forward(original, st.worker, greedy)
-    runtime.after_process_decode(None, None, greedy, NS(num_correct_drafts=8))  # 3.0
+    runtime.after_process_decode(None, None, NS(reqs=greedy.reqs, batch_size=lambda: 4),
+                                 NS(num_correct_drafts=8))  # 3.0
     runtime.around_v1_forward(original, st.worker, sampled)
     assert seen == [0, 0, 1]  # the greedy batch had no acceptance of its own yet
     assert st.controller.accept_length == pytest.approx(2.0)
