@@ -356,27 +356,26 @@ def redrive(rows: list[dict], policy: str, policy_args: dict | None = None,
     ctl = Controller(follower or asked, clock=clock, deadline_s=float("inf"), verify_rows=verify_rows)
     exact = "res_rows" in rows[0]
     out = []
-    greedy = None  # the sampling regime of the previous step, whose results arrive at this one
     for i, r in enumerate(rows):
         # (no on_idle at pauses: the server has none; its controller drops long intervals itself)
         if exact and r.get("res"):  # several results since the previous step, each a sample
             for rows_, acc in r["res"]:
-                ctl.on_result(int(rows_), int(acc), greedy)
+                ctl.on_result(int(rows_), int(acc))  # the previous decision's sampling regime
         elif exact and r.get("res_rows"):
-            ctl.on_result(int(r["res_rows"]), int(r["res_acc"]), greedy)
-        greedy = r.get("greedy")  # traces before 2026-12-04 lack it: one regime
+            ctl.on_result(int(r["res_rows"]), int(r["res_acc"]))
         if r.get("new"):
             clock.t = r["t"] - (r.get("prefill_ms") or 0.0) / 1e3
             ctl.on_other(int(r["new"]))
         clock.t = r["t"]
         if follower is not None:
             follower.recorded = bool(r["on"])
-        mode = ctl.step_mode(int(r["bs"]), int(r["running"]), int(r["waiting"]), greedy=greedy)
+        # traces before 2026-12-04 have no "greedy": one regime
+        mode = ctl.step_mode(int(r["bs"]), int(r["running"]), int(r["waiting"]), greedy=r.get("greedy"))
         decided = follower.answer if follower is not None else mode is not StepMode.OFF
         if not exact and mode is StepMode.ON and i + 1 < len(rows):
             accepted = _accepted_from_estimates(ctl, r, rows[i + 1])
             if accepted is not None:
-                ctl.on_result(int(r["bs"]), accepted, greedy)
+                ctl.on_result(int(r["bs"]), accepted)
         est = ctl.estimates() or {}
         out.append(RedriveStep(r["t"], int(r["bs"]), bool(r["on"]), decided, str(est.get("why", "-")), est))
     return RedriveResult(out, exact)
