@@ -346,3 +346,45 @@ def test_plain_waves_are_not_lent_to_speculation():
     assert len(level) > 300 and not any(s.decided for s in level)
     est = steps[switch].estimates
     assert est["off_tok_s"] > 1.5 * est["on_tok_s"]
+
+
+def _server_trace(tarball: Path) -> list[dict]:
+    with tarfile.open(tarball, "r:xz") as tar:
+        member = next(m for m in tar.getmembers() if "/trace/" in m.name and m.name.endswith(".jsonl"))
+        return [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()]
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results"
+
+
+def test_a_greedy_phase_after_a_sampled_load_learns_its_own_acceptance():
+    """H200, SGLang 0.5.12, pair1u-rows34: row 4's first low phase (greedy) ran plain on row 3's
+    temperature-0.7 acceptance (1.76) where speculation accepted 2.4 and was 1.4x faster.  Its trace
+    predates the "greedy" field: row 4's steps (after the last idle gap) are marked greedy here,
+    row 3's sampled.  Asked at the same inputs, the policy learns the greedy acceptance at row 4's
+    first step."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _server_trace(RESULTS / "pair1u-rows34-logs.tar.xz")
+    row4_start = len(rows) - len(redrive(rows, "goodput", follow=True).runs()[-1])
+    marked = [dict(r, greedy=i >= row4_start) for i, r in enumerate(rows)]
+    row4 = redrive(marked, "goodput", follow=True).runs()[-1]
+    low0 = row4[: next(i for i, s in enumerate(row4) if s.bs >= 8)]  # up to the first high phase
+    assert len(low0) > 500 and not any(s.recorded for s in low0)  # the server stayed plain there
+    assert low0[0].decided and low0[0].why == "learn on"
+
+
+def test_results_whose_batch_does_not_say_teach_the_decisions_regime():
+    """H200, SGLang 0.5.12, pair1v-rows34 (commit a6f3082): the results' regime was read from a batch
+    copy without sampling info, no result taught the regime of the decisions, and the server stayed
+    in "learn on" for all 3377 steps.  Re-driven on its recorded inputs (the same results, now taught
+    to the previous decision's regime), the policy is done learning either regime within a few
+    dozen steps and asks for plain decode, which that server never timed."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _server_trace(RESULTS / "pair1v-rows34-logs.tar.xz")
+    assert {r["why"] for r in rows} == {"learn on"} and {r["greedy"] for r in rows} == {True, False}
+    steps = redrive(rows, "goodput", follow=True).steps
+    learning = [s for s in steps if s.why == "learn on"]
+    assert len(learning) < 40
+    assert sum(s.why == "learn off" for s in steps) > 3000
