@@ -145,7 +145,7 @@ class Controller:
         # not say): a draft agrees with greedy decoding far more often than with sampling (2.4 vs
         # 1.8 on the H200 pair), so one average mixed the two and, while off, never learnt that
         # the requests had changed.  The policy sees the current batch's regime.
-        self._accept: dict[bool | None, Acceptance] = {None: Acceptance()}
+        self._accept: dict[bool | None, Acceptance] = {}  # made on first use (acceptance)
         self._greedy: bool | None = None  # the regime of the last decode step
         # timing chain: the previous decode step's (start time, mode, bs)
         self._t_prev: float | None = None

@@ -583,7 +583,6 @@ def test_speculation_without_a_batching_history_gets_its_steady_state_not_plain_
     assert CostView.from_table(CostTable(), PrefillMeter()).prefill_per_request(True, 30, 2.0) == 0.0
 
 
-
 def test_acceptance_is_kept_per_sampling_regime_and_the_policy_sees_the_batchs():
     """H200 pair, pair1u-rows34: after row 3 (temperature 0.7, acceptance 1.76) the first greedy low
     phase of row 4 ran plain at bs 1, where speculation (acceptance 2.4) was 1.4x faster: one average

@@ -3,11 +3,11 @@
 import gzip
 import io
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
+from benchmarks.dynspec_bench.traceset import read_logs
 from sglang_dynspec.cli import main
 from sglang_dynspec.config import DynspecSettings
 from sglang_dynspec.errors import ConfigError
@@ -219,11 +219,11 @@ def test_server_trace_cli_and_its_errors(tmp_path, capsys):
 H200_C250 = Path(__file__).resolve().parents[2] / "benchmarks/results/pair1i-hi-row1-logs.tar.xz"
 
 
-def _h200_trace_rows():
-    with tarfile.open(H200_C250, "r:xz") as tar:
-        member = next(m for m in tar.getmembers() if "/trace/" in m.name and m.name.endswith(".jsonl"))
-        text = tar.extractfile(member).read().decode()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+def _server_trace(tarball: Path) -> list[dict]:
+    """The one dynspec server's decision trace in a run's logs tarball."""
+    traces, _ = read_logs(tarball)
+    (rows,) = traces.values()
+    return rows
 
 
 def test_speculation_is_not_extrapolated_into_a_large_batch():
@@ -234,7 +234,7 @@ def test_speculation_is_not_extrapolated_into_a_large_batch():
     decode at every large-batch step up to and including the one where the server switched."""
     from sglang_dynspec.tracereplay import redrive
 
-    rows = _h200_trace_rows()
+    rows = _server_trace(H200_C250)
     first_on = next(i for i, r in enumerate(rows) if r["bs"] >= 150 and r["on"])
     large = [i for i in range(first_on + 1) if rows[i]["bs"] >= 150]
     assert len(large) > 150  # the trial at bs ~250 and the step after it
@@ -288,9 +288,7 @@ def test_a_fresh_batch_after_another_workload_is_probed():
     batches of the high phases."""
     from sglang_dynspec.tracereplay import redrive
 
-    with tarfile.open(H200_ROWS34, "r:xz") as tar:
-        member = next(m for m in tar.getmembers() if "/trace/" in m.name and m.name.endswith(".jsonl"))
-        rows = [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()]
+    rows = _server_trace(H200_ROWS34)
     res = redrive(rows, "goodput", follow=True)
     trace = res.runs()[-1]  # row 4, after the idle gap that ended row 3
     first = trace[0]
@@ -311,9 +309,7 @@ def test_warm_up_steps_no_longer_hide_speculation_in_the_low_phases():
     first low phase's fresh batches are probed."""
     from sglang_dynspec.tracereplay import redrive
 
-    with tarfile.open(H200_ROWS34_R, "r:xz") as tar:
-        member = next(m for m in tar.getmembers() if "/trace/" in m.name and m.name.endswith(".jsonl"))
-        rows = [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()]
+    rows = _server_trace(H200_ROWS34_R)
     recorded_low = [r for r in rows if r["bs"] == 1 and r.get("on_tok_s") is not None][-200:]
     assert max(r["on_tok_s"] for r in recorded_low) < 50  # what the server saw
     res = redrive(rows, "goodput", follow=True)
@@ -336,9 +332,7 @@ def test_plain_waves_are_not_lent_to_speculation():
     below plain decode's."""
     from sglang_dynspec.tracereplay import redrive
 
-    with tarfile.open(H200_C30, "r:xz") as tar:
-        member = next(m for m in tar.getmembers() if "/trace/" in m.name and m.name.endswith(".jsonl"))
-        rows = [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()]
+    rows = _server_trace(H200_C30)
     switch = next(i for i, r in enumerate(rows) if r["bs"] >= 25 and r["on"] and not rows[i - 1]["on"])
     assert rows[switch]["on_tok_s"] > rows[switch]["off_tok_s"]  # what the server estimated
     steps = redrive(rows[: switch + 1], "goodput").steps
@@ -346,12 +340,6 @@ def test_plain_waves_are_not_lent_to_speculation():
     assert len(level) > 300 and not any(s.decided for s in level)
     est = steps[switch].estimates
     assert est["off_tok_s"] > 1.5 * est["on_tok_s"]
-
-
-def _server_trace(tarball: Path) -> list[dict]:
-    with tarfile.open(tarball, "r:xz") as tar:
-        member = next(m for m in tar.getmembers() if "/trace/" in m.name and m.name.endswith(".jsonl"))
-        return [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()]
 
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results"
