@@ -43,7 +43,7 @@ def planned_hooks(version=None) -> list[Hook]:
     if compat.plain_batch_release_problem(version) is None:
         hooks.append(Hook(compat.CHECK_DECODE_MEM, "around", runtime.around_check_decode_mem,
                           "decide a running batch's step and move it to that mode's path (plain off-steps)"))
-        hooks.append(Hook(compat.FUTURE_STORE, "around", runtime.around_future_store,
+        hooks.append(Hook(compat.future_store_target(version), "around", runtime.around_future_store,
                           "keep a plain off-step's tokens in the speculative FutureMap"))
     if compat.has_v1_worker(version):
         hooks.append(Hook(compat.V1_FORWARD, "around", runtime.around_v1_forward, "decide per decode batch (v1)"))

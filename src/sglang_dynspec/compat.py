@@ -25,8 +25,11 @@ LAST_V1_WORKER = Version("0.5.12")  # EAGLEWorker removed in 0.5.13
 FIRST_SCHEDULE_BATCH_V2 = Version("0.5.13")  # V2 worker receives ScheduleBatch + on_publish
 FIRST_SPLIT_GRAPH_RUNNERS = Version("0.5.14")
 # Off-steps as plain decode batches (adapters/plain_batch.py): the scheduler paths it relies on
-# were read and run on this release only (0.5.13 moved the FutureMap to stash / publish).
-PLAIN_BATCH_RELEASES = (Version("0.5.12"),)
+# were read and run on these releases only.  0.5.12 keeps next tokens in a ring FutureMap
+# (store_to_map, slots named by negated output ids); 0.5.15 in one indexed by req_pool_idx
+# (stash / publish, lengths published there too), and branches on each batch's own
+# spec_algorithm in run_batch and result processing.
+PLAIN_BATCH_RELEASES = (Version("0.5.12"), Version("0.5.15"))
 
 V1_FORWARD = "sglang.srt.speculative.eagle_worker.EAGLEWorker.forward_batch_generation"
 V2_FORWARD = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
@@ -35,7 +38,8 @@ V2_CLASS = "EAGLEWorkerV2"
 INIT_MODEL_WORKER = "sglang.srt.managers.scheduler.Scheduler.init_model_worker"
 HANDLE_GENERATE = "sglang.srt.managers.scheduler.Scheduler.handle_generate_request"
 CHECK_DECODE_MEM = "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem"
-FUTURE_STORE = "sglang.srt.managers.overlap_utils.FutureMap.store_to_map"
+FUTURE_STORE_RING = "sglang.srt.managers.overlap_utils.FutureMap.store_to_map"  # <= 0.5.12
+FUTURE_STORE_POOL = "sglang.srt.managers.overlap_utils.FutureMap.stash"  # >= 0.5.13
 
 # Per-request opt-out: sampling_params.custom_params carries it (present in 0.5.9 - 0.5.23).
 OPTOUT_KEY = "dynspec"
@@ -162,6 +166,18 @@ def plain_batch_release_problem(v: Version | None = None) -> str | None:
         return (f"plain batches are built on SGLang {', '.join(map(str, PLAIN_BATCH_RELEASES))}'s scheduler; "
                 f"this is {v}")
     return None
+
+
+def future_store_target(v: Version | None = None) -> str:
+    """Where a step's next tokens enter the FutureMap on this release."""
+    v = sglang_version() if v is None else v
+    return FUTURE_STORE_POOL if v is not None and base_version(v) >= FIRST_SCHEDULE_BATCH_V2 else FUTURE_STORE_RING
+
+
+def future_map_by_pool(future_map) -> bool:
+    """Whether ``future_map`` keys its slots by req_pool_idx (>= 0.5.13: stash / publish) rather
+    than by indices handed out per step (<= 0.5.12: store_to_map)."""
+    return hasattr(future_map, "output_tokens_buf")
 
 
 def speculative_algorithm_none():

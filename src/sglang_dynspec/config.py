@@ -100,7 +100,7 @@ class DynspecSettings(BaseSettings):
         "plain",
         description=(
             "How the scheduler runs an off-step: `plain` as a non-speculative decode batch (its own "
-            "plain bookkeeping; on SGLang 0.5.12's spec_v2 worker with the light draft sync, else "
+            "plain bookkeeping; on SGLang 0.5.12's and 0.5.15's spec_v2 worker with the light draft sync, else "
             "`speculative`); `speculative` as a speculative batch whose drafts were all rejected."
         ),
     )

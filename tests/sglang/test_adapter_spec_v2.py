@@ -913,21 +913,29 @@ def test_light_prefill_release_support(sglang_version):
 # a plain decode batch (adapters/plain_batch.py) that reaches the worker
 
 
-@pytest.mark.skipif(compat.plain_batch_release_problem() is not None, reason="plain batches are built on 0.5.12")
+@pytest.mark.skipif(compat.plain_batch_release_problem() is not None, reason="plain batches are built on 0.5.12, 0.5.15")
 def test_forward_plain_runs_the_target_decode_then_the_light_write(m, up, monkeypatch):
     w, target, draft, batch = _off_setup(m, up)
     writes = _light(m, w, monkeypatch)
     # A plain batch as the scheduler's plain prepare leaves it: lengths counting this step's
-    # token, its slot allocated, input ids naming FutureMap slots (negated) or real tokens.
+    # token, its slot allocated; its input tokens in the speculative FutureMap's token buffer.
     batch.spec_info = None
-    batch.input_ids = torch.tensor([-5, 9])
     batch.seq_lens = torch.tensor([11, 21])
     batch.out_cache_loc = torch.tensor([110, 320])
-    future_map = SimpleNamespace(bonus_tokens_buf=torch.arange(100, 108, dtype=torch.int32))
+    if compat.v2_input_kind() == "model_worker_batch":
+        # 0.5.12: input ids name ring slots (negated) or are real tokens.
+        batch.input_ids = torch.tensor([-5, 9])
+        future_map = SimpleNamespace(bonus_tokens_buf=torch.arange(100, 108, dtype=torch.int32))
+        expected = [105, 9]
+    else:
+        # 0.5.15: unset; each row's token sits under its req_pool_idx (rows 1 and 3 here).
+        batch.input_ids = None
+        future_map = SimpleNamespace(output_tokens_buf=torch.tensor([100, 105, 102, 9], dtype=torch.int64))
+        expected = [105, 9]
     res = m.forward_plain(w, batch, future_map)
 
     (tb,) = target.batches
-    assert tb["input_ids"].tolist() == [105, 9] and tb["input_ids"].dtype == torch.int64
+    assert tb["input_ids"].tolist() == expected and tb["input_ids"].dtype == torch.int64
     assert tb["seq_lens"].tolist() == [11, 21] and tb["out_cache_loc"].tolist() == [110, 320]
     assert tb["spec_info"] is None and _target_capture(m, tb) is not None
     ((runner, tok, hid, pos, loc),) = writes
@@ -939,9 +947,13 @@ def test_forward_plain_runs_the_target_decode_then_the_light_write(m, up, monkey
     assert res.next_token_ids.tolist() == [7, 8] and res.next_draft_input is None
     assert res.logits_output.hidden_states is None
     assert m.resume_pending(w)
+    if compat.v2_input_kind() != "model_worker_batch":
+        # The ScheduleBatch ran as is (run_batch keeps no snapshot of a plain batch): the capture
+        # mode asked for is put back, the gathered input ids stay as the scheduler's resolve leaves them.
+        assert getattr(batch, "capture_hidden_mode", None) is None and batch.input_ids.tolist() == expected
 
 
-@pytest.mark.skipif(compat.plain_batch_release_problem() is not None, reason="plain batches are built on 0.5.12")
+@pytest.mark.skipif(compat.plain_batch_release_problem() is not None, reason="plain batches are built on 0.5.12, 0.5.15")
 def test_plain_batches_need_the_light_sync_and_the_setting(m, up):
     from sglang_dynspec.adapters import draft_kv
     from sglang_dynspec.config import DynspecSettings

@@ -28,13 +28,15 @@ def test_targets_follow_release():
 def test_plain_batch_hooks_follow_release():
     from sglang_dynspec.activation import planned_hooks
 
-    for v, plain in (("0.5.11", False), ("0.5.12", True), ("0.5.12.post1", True), ("0.5.13", False),
-                     ("0.5.23", False)):
+    for v, plain, store in (("0.5.11", False, None), ("0.5.12", True, compat.FUTURE_STORE_RING),
+                            ("0.5.12.post1", True, compat.FUTURE_STORE_RING), ("0.5.13", False, None),
+                            ("0.5.15", True, compat.FUTURE_STORE_POOL), ("0.5.23", False, None)):
         assert (compat.plain_batch_release_problem(Version(v)) is None) is plain, v
         targets = {h.target for h in planned_hooks(Version(v))}
-        assert ({compat.CHECK_DECODE_MEM, compat.FUTURE_STORE} <= targets) is plain, v
+        assert (compat.CHECK_DECODE_MEM in targets) is plain, v
+        assert {compat.FUTURE_STORE_RING, compat.FUTURE_STORE_POOL} & targets == ({store} if plain else set()), v
         assert not plain or compat.V2_FORWARD in targets
-    assert "0.5.12" in compat.plain_batch_release_problem(Version("0.5.15"))
+    assert "0.5.12, 0.5.15" in compat.plain_batch_release_problem(Version("0.5.14"))
 
 
 def test_doctor_refuses_unsupported_release(monkeypatch, capsys):

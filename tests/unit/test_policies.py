@@ -407,6 +407,41 @@ def test_goodput_rechecks_speculation_soon_after_leaving_it_for_a_slower_step_on
     assert not any(feed(calm, 200, acc=1.2)) and "recheck" not in whys
 
 
+
+def test_goodput_rechecks_plain_decode_soon_after_leaving_it_for_a_slower_step_only():
+    # bs 1, accept 1.7 (sampled): plain decode at 3.5 ms a step beats speculation at 7.0 ms (4.1 ms a
+    # token), until a burst of slow steps puts plain's estimate at 7.6 ms (pair1w-rows34, C=1).
+    calm, slow = view(lambda b: 7.0, lambda b: 3.5), view(lambda b: 7.0, lambda b: 7.6)
+    p = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
+    step, prev, dwell, whys = 0, False, 50, []
+
+    def feed(costs, n, acc=1.7):
+        nonlocal step, prev, dwell
+        out = []
+        for _ in range(n):
+            d = p.decide(inputs(step=step, bs=1, prev=prev, dwell=dwell, acc=acc, samples=100, costs=costs))
+            dwell, prev, step = dwell + 1 if d == prev else 1, d, step + 1
+            out.append(d)
+            whys.append(p.explain()["why"])
+        return out
+
+    assert not any(feed(calm, 40))
+    left = feed(slow, 40)
+    assert left[-1] is True  # the slow estimate loses: speculation
+    on_at = step - left[::-1].index(False)
+    after = feed(slow, 100)
+    # one plain stretch, reprobe_near steps after the switch, although speculation still leads
+    assert whys.count("recheck off") == 1 and after.index(False) + (step - 100) - on_at == 64
+    # it lasts the dwell, then the model decides on what it measured (still slow here: back on once
+    # speculation's lead held over `persist` decisions, the first of them the dwell's last step)
+    assert after[after.index(False):].count(False) == 16 + 8 - 1 and after[-1] is True
+    # a switch decided by acceptance owes none: the step time did not move
+    p = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
+    step, prev, dwell, whys = 0, False, 50, []
+    assert not any(feed(calm, 40))
+    assert feed(calm, 40, acc=3.5)[-1] is True
+    assert all(feed(calm, 200, acc=3.5)) and "recheck off" not in whys
+
 def _prefill_view(off_batch: int, on_batch: int = 1):
     """Steps as in the near-tie test (break-even at accept 2.0); prefill batches of one request
     take 20 ms and of ``off_batch`` requests 30 ms; plain decode's stretch admits ``off_batch``

@@ -376,3 +376,22 @@ def test_results_whose_batch_does_not_say_teach_the_decisions_regime():
     learning = [s for s in steps if s.why == "learn on"]
     assert len(learning) < 40
     assert sum(s.why == "learn off" for s in steps) > 3000
+
+
+def test_a_switch_to_speculation_for_a_slower_plain_step_looks_back_at_plain_decode():
+    """H200, SGLang 0.5.12, pair1w-rows34 (commit c321d65), row 3 at C=1 (temperature 0.7): a burst
+    of 5-9 ms plain steps among 3.5 ms ones raised the bs-1 plain estimate and the server switched
+    to speculation at step 1562, for good: one later step at bs 1 ran plain (a high phase's drained
+    tail), none in the low phases of row 4 (its plain estimate stayed at ~130 tok/s where `off`
+    delivered ~280).  Asked at the
+    same inputs, the policy owes plain decode a look ``reprobe_near`` (256) steps after that switch."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _server_trace(RESULTS / "pair1w-rows34-logs.tar.xz")
+    switch = 1562
+    assert rows[switch]["on"] and not rows[switch - 1]["on"] and rows[switch]["why"] == "model"
+    assert sum(not r["on"] for r in rows[switch:] if r["bs"] == 1) == 1
+    steps = redrive(rows, "goodput", follow=True).steps
+    assert [s.decided for s in steps[:switch + 1]] == [r["on"] for r in rows[:switch + 1]]
+    rechecks = [i for i, s in enumerate(steps) if s.why == "recheck off"]
+    assert rechecks == [switch + 256] and steps[rechecks[0]].bs == 1 and not steps[rechecks[0]].decided

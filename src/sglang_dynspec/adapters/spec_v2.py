@@ -457,19 +457,30 @@ def forward_plain(worker, batch, future_map):
     """Run a plain decode batch (``plain_batch``) that reached the speculative worker: the
     target's own decode step, then the light draft write of each row's position.  Returns the
     target's result, which the scheduler processes as a plain server's."""
-    torch = _torch()
     st = state.of(worker, SpecV2State)
     _log_first_off(worker, st, "plain batch", int(batch.seq_lens.shape[0]), 1)
-    ids = batch.input_ids
-    # The FutureMap of a speculative server resolves only draft inputs: the previous step's
-    # tokens (plain, speculative or prefill) sit in its token buffer under -ids.
-    tokens = future_map.bonus_tokens_buf[torch.clamp(-ids, min=0)].to(torch.int64)
-    input_ids = torch.where(ids < 0, tokens, ids.to(torch.int64))
-    overrides = {"input_ids": input_ids}
-    call_kwargs = _ask_for_hidden(worker, overrides)
-    tb = dataclasses.replace(batch, **overrides)
-    with span("dynspec.offstep.target"), _offstep_graphs_active(worker):
-        out = worker.target_worker.forward_batch_generation(tb, **call_kwargs)
+    input_ids = _plain_input_ids(batch, future_map)
+    if compat.v2_input_kind() == "model_worker_batch":
+        overrides = {"input_ids": input_ids}
+        call_kwargs = _ask_for_hidden(worker, overrides)
+        tb = dataclasses.replace(batch, **overrides)
+        with span("dynspec.offstep.target"), _offstep_graphs_active(worker):
+            out = worker.target_worker.forward_batch_generation(tb, **call_kwargs)
+    else:
+        # ScheduleBatch: run_batch snapshots no field of a plain batch, so the capture mode asked
+        # for here is put back; the input ids stay, as the scheduler's own resolve leaves them.
+        batch.input_ids = input_ids
+        overrides = {}
+        call_kwargs = _ask_for_hidden(worker, overrides)
+        saved = {k: getattr(batch, k) for k in overrides}
+        try:
+            for k, v in overrides.items():
+                setattr(batch, k, v)
+            with span("dynspec.offstep.target"), _offstep_graphs_active(worker):
+                out = worker.target_worker.forward_batch_generation(batch, **call_kwargs)
+        finally:
+            for k, v in saved.items():
+                setattr(batch, k, v)
     st.light_pending = True
     # The batch's lengths already count this step's token: its position is one less.
     with span("dynspec.offstep.draft_kv"):
@@ -478,6 +489,19 @@ def forward_plain(worker, batch, future_map):
     # A plain server returns no hidden states unless asked (declined here): drop the target's.
     out.logits_output.hidden_states = None
     return out
+
+
+def _plain_input_ids(batch, future_map):
+    """The plain batch's input ids (int64).  The FutureMap of a speculative server resolves only
+    draft inputs: the previous step's tokens (plain, speculative or prefill) sit in its token
+    buffer, 0.5.12 under the slots its input ids name negated, 0.5.15 under each row's
+    req_pool_idx (the scheduler leaves a decode batch's input ids unset there)."""
+    torch = _torch()
+    if compat.future_map_by_pool(future_map):
+        return future_map.output_tokens_buf[batch.req_pool_indices].to(torch.int64)
+    ids = batch.input_ids
+    tokens = future_map.bonus_tokens_buf[torch.clamp(-ids, min=0)].to(torch.int64)
+    return torch.where(ids < 0, tokens, ids.to(torch.int64))
 
 
 def forward_prefill_off(worker, batch, *args, **kwargs):

@@ -88,11 +88,14 @@ class Goodput:
         self._probe_misses = 0  # near-tie probes in a row that the model soon turned back (backs them off)
         self._probe_rows_left = 0  # request-steps the current probe still speculates before it is judged
         self._why = "start"
-        # Lowest speculative step time per batch size in the current speculative stretch, and the
-        # step of a probe owed after a switch that a rise of that time decided (see _note_switch).
+        # Lowest step time per batch size in the current stretch of each mode, and the step of a
+        # look at the other mode owed after a switch that a rise of that time decided (_note_switch).
         self._on_floor: dict[int, float] = {}
-        self._recheck_at: int | None = None
+        self._off_floor: dict[int, float] = {}
+        self._recheck_at: int | None = None  # a speculative probe, owed from plain decode
+        self._recheck_off_at: int | None = None  # a plain stretch, owed from speculation
         self._d_on: float | None = None  # this step's speculative step-time estimate (_decide reads it)
+        self._d_off: float | None = None  # ... and plain decode's
         self._c_on: float | None = None
         self._c_off: float | None = None
 
@@ -127,20 +130,25 @@ class Goodput:
                 self._note_switch(x, d)
             if d:
                 self._on_floor = {}
-        t = self._d_on
-        if d and x.previous and x.steps_in_mode >= self.min_dwell and t is not None:
+            else:
+                self._off_floor = {}
+        t = self._d_on if d else self._d_off
+        if d == x.previous and x.steps_in_mode >= self.min_dwell and t is not None:
             # after the dwell: a floor taken earlier would be the estimate the stretch began with
-            if t < self._on_floor.get(x.decode_bs, math.inf):
-                self._on_floor[x.decode_bs] = t
+            floor = self._on_floor if d else self._off_floor
+            if t < floor.get(x.decode_bs, math.inf):
+                floor[x.decode_bs] = t
         return d
 
     def _note_switch(self, x: StepInputs, d: bool) -> None:
         """A switch the model chose: one that reverses a recent one doubles the wait of the next
         (``_flips``); one back to plain soon after a near-tie probe backs the next probe off.
-        One to plain because the speculative step itself got slower (not acceptance or batch
-        size) owes a probe after ``reprobe_near`` steps: the slowdown may have hit any step (a
-        burst of 2x steps for 0.4 s at C=1 on the H200, pair1k), and its estimate is not measured
-        again until speculation runs."""
+        One because the step of the mode left itself got slower (not acceptance or batch size)
+        owes a look back at it after ``reprobe_near`` steps: the slowdown may have hit any step (a
+        burst of 2x steps for 0.4 s at C=1 on the H200, pair1k), and the left mode's estimate is
+        not measured again until it runs.  Both ways: in pair1w-rows34 a slow burst of plain
+        steps at C=1 (3.5 -> 5-9 ms) switched to speculation, and the bs-1 plain estimate stayed
+        at half its speed through every later low phase (no new load at bs 1 to trial it)."""
         step = x.step
         soon = self._last_switch is not None and step - self._last_switch < FLIP_WINDOW
         self._flips = min(self._flips + 1, MAX_FLIPS) if soon else 0
@@ -149,15 +157,22 @@ class Goodput:
             refuted = step - self._probe_at < FLIP_WINDOW
             self._probe_misses = min(self._probe_misses + 1, MAX_FLIPS) if refuted else 0
             self._probe_at = None
-        if not d:
-            floor, now = self._on_floor.get(x.decode_bs), self._d_on
-            rose = floor is not None and now is not None and now > (1.0 + 2.0 * self.margin) * floor
-            self._recheck_at = step + (self.reprobe_near << self._probe_misses) if rose else None
+        floor, now = (self._off_floor, self._d_off) if d else (self._on_floor, self._d_on)
+        floor = floor.get(x.decode_bs)
+        rose = floor is not None and now is not None and now > (1.0 + 2.0 * self.margin) * floor
+        # (refuted speculative probes back off the next probe, not a look at plain decode)
+        wait = self.reprobe_near if d else self.reprobe_near << self._probe_misses
+        due = step + wait if rose else None
+        if d:
+            self._recheck_off_at, self._recheck_at = due, None
+        else:
+            self._recheck_at, self._recheck_off_at = due, None
 
     def _decide(self, x: StepInputs) -> bool:
         prev = x.previous
         v = x.costs
         self._d_on = v.estimate(True, x.decode_bs) if v is not None else None
+        self._d_off = v.estimate(False, x.decode_bs) if v is not None else None
         if v is None or x.accept_samples < self.min_accept or self._d_on is None:
             return self._say(True, "learn on", None)
         c = self.seconds_per_token(x)
@@ -203,6 +218,10 @@ class Goodput:
             self._reset_lead()
             return self._say(g >= 1.0 - self.margin, "model", c)
         if prev:
+            if self._recheck_off_at is not None and x.step >= self._recheck_off_at:
+                # plain decode for a dwell, timed afresh; the model decides after it as usual
+                self._recheck_off_at = None
+                return self._say(False, "recheck off", c)
             return self._contest(True, g, c)
         if self._contest(False, g, c):
             return True
