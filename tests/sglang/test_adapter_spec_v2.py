@@ -948,9 +948,9 @@ def test_forward_plain_runs_the_target_decode_then_the_light_write(m, up, monkey
     assert res.logits_output.hidden_states is None
     assert m.resume_pending(w)
     if compat.v2_input_kind() != "model_worker_batch":
-        # The ScheduleBatch ran as is (run_batch keeps no snapshot of a plain batch): the capture
-        # mode asked for is put back, the gathered input ids stay as the scheduler's resolve leaves them.
-        assert getattr(batch, "capture_hidden_mode", None) is None and batch.input_ids.tolist() == expected
+        # The ScheduleBatch itself ran (run_batch keeps no snapshot of a plain batch): what the
+        # forward was given is put back, as for a speculative off-step.
+        assert getattr(batch, "capture_hidden_mode", None) is None and batch.input_ids is None
 
 
 @pytest.mark.skipif(compat.plain_batch_release_problem() is not None, reason="plain batches are built on 0.5.12, 0.5.15")

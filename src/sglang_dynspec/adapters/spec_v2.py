@@ -235,16 +235,20 @@ def _target_decode(worker, batch, kind: str, bonus, window, ndt: int, new_seq_le
         overrides["seq_lens_cpu"] = batch.seq_lens_cpu + 1
     if getattr(batch, "seq_lens_sum", None) is not None:
         overrides["seq_lens_sum"] = batch.seq_lens_sum + bs
+    return _run_target(worker, batch, kind, overrides, call_kwargs)
 
+
+def _run_target(worker, batch, kind: str, overrides: dict, call_kwargs: dict):
+    """The target's forward of ``batch`` with ``overrides``; returns (GenerationBatchResult,
+    copied batch or None).  A ModelWorkerBatch is copied (its tensors alias the ScheduleBatch's);
+    a ScheduleBatch is set, run and restored (a speculative off-step's draft-extend needs the old
+    values; run_batch restores a speculative batch anyway, and keeps no copy of a plain one)."""
     tw = worker.target_worker
     if kind == "model_worker_batch":
-        # A copy: the scheduler's ModelWorkerBatch tensors alias the ScheduleBatch's.
         tb = dataclasses.replace(batch, **overrides)
         with _offstep_graphs_active(worker):
             out = tw.forward_batch_generation(tb, **call_kwargs)
         return out, tb
-    # ScheduleBatch: set, run, restore (the draft-extend below needs the old values; the
-    # scheduler's _forward_isolation would restore them after return anyway).
     saved = {k: getattr(batch, k) for k in overrides}
     try:
         for k, v in overrides.items():
@@ -459,28 +463,10 @@ def forward_plain(worker, batch, future_map):
     target's result, which the scheduler processes as a plain server's."""
     st = state.of(worker, SpecV2State)
     _log_first_off(worker, st, "plain batch", int(batch.seq_lens.shape[0]), 1)
-    input_ids = _plain_input_ids(batch, future_map)
-    if compat.v2_input_kind() == "model_worker_batch":
-        overrides = {"input_ids": input_ids}
-        call_kwargs = _ask_for_hidden(worker, overrides)
-        tb = dataclasses.replace(batch, **overrides)
-        with span("dynspec.offstep.target"), _offstep_graphs_active(worker):
-            out = worker.target_worker.forward_batch_generation(tb, **call_kwargs)
-    else:
-        # ScheduleBatch: run_batch snapshots no field of a plain batch, so the capture mode asked
-        # for here is put back; the input ids stay, as the scheduler's own resolve leaves them.
-        batch.input_ids = input_ids
-        overrides = {}
-        call_kwargs = _ask_for_hidden(worker, overrides)
-        saved = {k: getattr(batch, k) for k in overrides}
-        try:
-            for k, v in overrides.items():
-                setattr(batch, k, v)
-            with span("dynspec.offstep.target"), _offstep_graphs_active(worker):
-                out = worker.target_worker.forward_batch_generation(batch, **call_kwargs)
-        finally:
-            for k, v in saved.items():
-                setattr(batch, k, v)
+    overrides = {"input_ids": _plain_input_ids(batch, future_map)}
+    call_kwargs = _ask_for_hidden(worker, overrides)
+    with span("dynspec.offstep.target"):
+        out, _ = _run_target(worker, batch, compat.v2_input_kind(), overrides, call_kwargs)
     st.light_pending = True
     # The batch's lengths already count this step's token: its position is one less.
     with span("dynspec.offstep.draft_kv"):
