@@ -375,72 +375,64 @@ def test_goodput_dwell_ends_when_the_batch_doubles_or_halves():
     assert p.explain()["why"] == "model"
 
 
+class _BsOneRun:
+    """One goodput policy fed bs-1 steps, its decisions applied (the dwell counted as a server does)."""
+
+    def __init__(self, speculating: bool):
+        self.p = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
+        self.step, self.prev, self.dwell, self.whys = 0, speculating, 50, []
+
+    def feed(self, costs, n, acc):
+        out = []
+        for _ in range(n):
+            d = self.p.decide(inputs(step=self.step, bs=1, prev=self.prev, dwell=self.dwell, acc=acc, samples=100,
+                                     costs=costs))
+            self.dwell, self.prev, self.step = self.dwell + 1 if d == self.prev else 1, d, self.step + 1
+            out.append(d)
+            self.whys.append(self.p.explain()["why"])
+        return out
+
+
 def test_goodput_rechecks_speculation_soon_after_leaving_it_for_a_slower_step_only():
     # bs 1, accept 2.4: speculation at 7.3 ms a step (3.0 ms a token) beats plain decode at 4.8 ms,
     # until a burst of slow steps puts its estimate at 13 ms (5.5 ms a token; pair1k-row1, C=1).
     calm, slow = view(lambda b: 7.3, lambda b: 4.8), view(lambda b: 13.2, lambda b: 4.8)
-    p = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
-    step, prev, dwell, whys = 0, True, 50, []
-
-    def feed(costs, n, acc=2.4):
-        nonlocal step, prev, dwell
-        out = []
-        for _ in range(n):
-            d = p.decide(inputs(step=step, bs=1, prev=prev, dwell=dwell, acc=acc, samples=100, costs=costs))
-            dwell, prev, step = dwell + 1 if d == prev else 1, d, step + 1
-            out.append(d)
-            whys.append(p.explain()["why"])
-        return out
-
-    assert all(feed(calm, 40))
-    left = feed(slow, 40)
+    run = _BsOneRun(speculating=True)
+    assert all(run.feed(calm, 40, 2.4))
+    left = run.feed(slow, 40, 2.4)
     assert left[-1] is False  # the slow estimate loses: plain decode
-    off_at = step - left[::-1].index(True)
-    after = feed(slow, 100)
+    off_at = run.step - left[::-1].index(True)
+    after = run.feed(slow, 100, 2.4)
     # one probe, reprobe_near plain steps after the switch, although plain still leads by 45 %
-    assert whys.count("recheck") == 1 and after.index(True) + (step - 100) - off_at == 64
+    assert run.whys.count("recheck") == 1 and after.index(True) + (run.step - 100) - off_at == 64
     # a switch decided by acceptance owes none: the step time did not move
-    p = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
-    step, prev, dwell, whys = 0, True, 50, []
-    assert all(feed(calm, 40))
-    assert feed(calm, 40, acc=1.2)[-1] is False
-    assert not any(feed(calm, 200, acc=1.2)) and "recheck" not in whys
-
+    run = _BsOneRun(speculating=True)
+    assert all(run.feed(calm, 40, 2.4))
+    assert run.feed(calm, 40, 1.2)[-1] is False
+    assert not any(run.feed(calm, 200, 1.2)) and "recheck" not in run.whys
 
 
 def test_goodput_rechecks_plain_decode_soon_after_leaving_it_for_a_slower_step_only():
     # bs 1, accept 1.7 (sampled): plain decode at 3.5 ms a step beats speculation at 7.0 ms (4.1 ms a
     # token), until a burst of slow steps puts plain's estimate at 7.6 ms (pair1w-rows34, C=1).
     calm, slow = view(lambda b: 7.0, lambda b: 3.5), view(lambda b: 7.0, lambda b: 7.6)
-    p = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
-    step, prev, dwell, whys = 0, False, 50, []
-
-    def feed(costs, n, acc=1.7):
-        nonlocal step, prev, dwell
-        out = []
-        for _ in range(n):
-            d = p.decide(inputs(step=step, bs=1, prev=prev, dwell=dwell, acc=acc, samples=100, costs=costs))
-            dwell, prev, step = dwell + 1 if d == prev else 1, d, step + 1
-            out.append(d)
-            whys.append(p.explain()["why"])
-        return out
-
-    assert not any(feed(calm, 40))
-    left = feed(slow, 40)
+    run = _BsOneRun(speculating=False)
+    assert not any(run.feed(calm, 40, 1.7))
+    left = run.feed(slow, 40, 1.7)
     assert left[-1] is True  # the slow estimate loses: speculation
-    on_at = step - left[::-1].index(False)
-    after = feed(slow, 100)
+    on_at = run.step - left[::-1].index(False)
+    after = run.feed(slow, 100, 1.7)
     # one plain stretch, reprobe_near steps after the switch, although speculation still leads
-    assert whys.count("recheck off") == 1 and after.index(False) + (step - 100) - on_at == 64
+    assert run.whys.count("recheck off") == 1 and after.index(False) + (run.step - 100) - on_at == 64
     # it lasts the dwell, then the model decides on what it measured (still slow here: back on once
     # speculation's lead held over `persist` decisions, the first of them the dwell's last step)
     assert after[after.index(False):].count(False) == 16 + 8 - 1 and after[-1] is True
     # a switch decided by acceptance owes none: the step time did not move
-    p = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
-    step, prev, dwell, whys = 0, False, 50, []
-    assert not any(feed(calm, 40))
-    assert feed(calm, 40, acc=3.5)[-1] is True
-    assert all(feed(calm, 200, acc=3.5)) and "recheck off" not in whys
+    run = _BsOneRun(speculating=False)
+    assert not any(run.feed(calm, 40, 1.7))
+    assert run.feed(calm, 40, 3.5)[-1] is True
+    assert all(run.feed(calm, 200, 3.5)) and "recheck off" not in run.whys
+
 
 def _prefill_view(off_batch: int, on_batch: int = 1):
     """Steps as in the near-tie test (break-even at accept 2.0); prefill batches of one request
