@@ -33,6 +33,7 @@ MAX_BS = 8192
 MIN_SAMPLES = 3  # a bucket is trusted after this many samples
 RATE_MEMORY = 256.0  # requests: requests-per-token fades over about this many
 STRETCH_MIN_REQUESTS = 4.0  # a stretch's own prefill figure is trusted after this many requests
+FAR_BEYOND = 4.0  # a batch this many times the largest timed one is beyond what a fit can say
 
 
 def bucket(bs: int) -> int:
@@ -340,6 +341,13 @@ class CostView:
             if floor is not None and (est is None or floor > est):
                 est = floor
         return est if est is not None and est > 0 else None
+
+    def speculation_extrapolated(self, bs: int) -> bool:
+        """Whether ``bs`` lies far above the largest batch speculation was timed at (more than
+        FAR_BEYOND times it), where its estimate is a fit or floor carried well past what was
+        measured.  A little past it the fit holds (the shared traces' C=5 after bs 1-2)."""
+        top = self.on_top
+        return top is None or bs > FAR_BEYOND * self.mean_bs[1][top]
 
     def _verify_floor(self, bs: int) -> float | None:
         """Speculation's least plausible step time at ``bs`` above its largest timed batch (None

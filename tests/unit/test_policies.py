@@ -101,12 +101,14 @@ def test_goodput_hysteresis_and_reprobe():
 
 
 def prefill_view(on_ms, off_ms, on_batch, off_batch, stretch_off=None, tokens_per_request=128,
-                 sizes=(1, 2, 4, 8, 16, 32, 64, 128)):
-    """Decode costs as functions of bs; prefill batches as (requests, ms) after each mode."""
+                 sizes=(1, 2, 4, 8, 16, 32, 64, 128), on_sizes=None):
+    """Decode costs as functions of bs (speculation timed at ``on_sizes``, default ``sizes``);
+    prefill batches as (requests, ms) after each mode."""
     t = CostTable()
     for bs in sizes:
         for _ in range(5):
-            t.observe(True, bs, on_ms(bs) / 1e3)
+            if on_sizes is None or bs in on_sizes:
+                t.observe(True, bs, on_ms(bs) / 1e3)
             t.observe(False, bs, off_ms(bs) / 1e3)
     m = PrefillMeter()
     for on, (n, ms) in ((True, on_batch), (False, off_batch)):
@@ -232,26 +234,43 @@ def test_goodput_switches_on_the_other_modes_average_lead_not_on_single_decision
     assert steps == [0] * 7 + [1]  # from a fresh average: at the 8th decision
 
 
+def _trial_end(v, bs: int):
+    """(chosen, tried): the decision at ``bs`` where plain decode is ~3 % ahead, from plain decode
+    entered by choice, and at the end of a plain trial (each after its dwell)."""
+    lo, hi = 1.0, 5.0  # the acceptance where plain decode is ~3 % ahead
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        c_on, c_off, _ = build_policy("goodput", {}).seconds_per_token(inputs(bs=bs, acc=mid, costs=v))
+        lo, hi = (mid, hi) if c_on / c_off > 1.03 else (lo, mid)
+    x = dict(bs=bs, samples=100, costs=v, acc=mid)
+    chosen = build_policy("goodput", {"min_dwell": 0}).decide(inputs(**x, prev=False, dwell=50))
+    tried = build_policy("goodput", {"min_dwell": 0, "trial_lifetimes": 0.01})
+    assert tried.decide(inputs(**x, prev=True, dwell=50, new_load=True)) is False
+    assert tried.explain()["why"] == "trial"
+    while True:
+        ended = tried.decide(inputs(**x, prev=False, dwell=10))
+        if tried.explain()["why"] != "trial":
+            break
+        assert ended is False
+    assert tried.explain()["why"] == "model"
+    return chosen, ended
+
+
 def test_goodput_end_of_a_trial_is_judged_without_the_incumbents_margin():
     # plain decode 3 % ahead: within the margin.  Entered by choice, plain stays; entered by a trial,
     # the toss-up goes to speculation.
     dec_on, dec_off = (lambda b: 6.2 + 0.05 * b), (lambda b: 3.5 + 0.005 * b)
     v = prefill_view(dec_on, dec_off, (1, 22.0), (1, 22.0), stretch_off=(4, 88.0))
-    x = dict(bs=10, samples=100, costs=v)
-    lo, hi = 1.0, 5.0  # the acceptance where plain decode is ~3 % ahead
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        c_on, c_off, _ = build_policy("goodput", {}).seconds_per_token(inputs(bs=10, acc=mid, costs=v))
-        lo, hi = (mid, hi) if c_on / c_off > 1.03 else (lo, mid)
-    x["acc"] = mid
-    chosen = build_policy("goodput", {"min_dwell": 0})
-    assert chosen.decide(inputs(**x, prev=False, dwell=50)) is False
-    tried = build_policy("goodput", {"min_dwell": 0, "trial_lifetimes": 0.01})
-    assert tried.decide(inputs(**x, prev=True, dwell=50, new_load=True)) is False
-    assert tried.explain()["why"] == "trial"
-    while tried.decide(inputs(**x, prev=False, dwell=10)) is False:
-        assert tried.explain()["why"] == "trial"
-    assert tried.explain()["why"] == "model"
+    assert _trial_end(v, 10) == (False, True)
+
+
+def test_goodput_end_of_a_trial_stays_plain_on_a_toss_up_where_speculation_was_never_timed():
+    # The same costs, speculation timed up to bs 8 only: at bs 100 its estimate is a fit carried
+    # beyond what was measured, and the toss-up stays with plain decode (row 4's high phases).
+    dec_on, dec_off = (lambda b: 6.2 + 0.05 * b), (lambda b: 3.5 + 0.005 * b)
+    v = prefill_view(dec_on, dec_off, (1, 22.0), (1, 22.0), stretch_off=(4, 88.0), on_sizes=(1, 2, 4, 8))
+    assert v.speculation_extrapolated(100) and not v.speculation_extrapolated(32)
+    assert _trial_end(v, 100) == (False, False)
 
 
 def test_goodput_tries_plain_decode_where_it_was_never_timed():

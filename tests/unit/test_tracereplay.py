@@ -395,3 +395,17 @@ def test_a_switch_to_speculation_for_a_slower_plain_step_looks_back_at_plain_dec
     assert [s.decided for s in steps[:switch + 1]] == [r["on"] for r in rows[:switch + 1]]
     rechecks = [i for i, s in enumerate(steps) if s.why == "recheck off"]
     assert rechecks == [switch + 256] and steps[rechecks[0]].bs == 1 and not steps[rechecks[0]].decided
+
+
+@pytest.mark.parametrize("run, step", [("pair1x-rows34", 3191), ("pair1w-rows34", 2280)])
+def test_a_trial_at_a_size_speculation_never_ran_ends_plain_on_a_toss_up(run, step):
+    """H200, SGLang 0.5.12, row 4's first high phase: a plain trial at bs 150-160 ended in
+    speculation on a toss-up whose speculative figure came from batches of 8 or fewer, and the server
+    speculated for 2-3 s where `off` was 1.4x faster.  Asked at the same inputs, the policy stays plain."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _server_trace(RESULTS / f"{run}-logs.tar.xz")
+    assert rows[step]["on"] and not rows[step - 1]["on"] and rows[step - 1]["why"] == "trial"
+    assert rows[step]["bs"] >= 150
+    s = redrive(rows, "goodput", follow=True).steps[step]
+    assert not s.decided and s.why == "model"

@@ -25,7 +25,8 @@ waves (a probe would scatter them for good in a closed loop).  A probe speculate
 ``PROBE_ROWS`` request-steps before it is judged (its acceptance is measured, not guessed).  Hysteresis (``margin``), a lead averaged over ``persist``
 decisions and ``min_dwell`` stop flapping; where the modes tie, switches that reverse recent ones
 and probes the model turns back make the next one wait longer.  The end of a trial is judged
-without the margin, so a toss-up speculates.
+without the margin, so a toss-up speculates, where speculation was timed at that batch size or
+larger (else its estimate is an extrapolation, and a toss-up stays plain).
 """
 
 from __future__ import annotations
@@ -214,8 +215,15 @@ class Goodput:
         if prev is None or after_trial:
             # A trial ran plain decode to measure it, not because it was chosen: its end is judged
             # as from speculation, so that a toss-up speculates (plain decode carries the draft
-            # sync and draft prefill; the incumbent's margin would keep it for no gain).
+            # sync and draft prefill; the incumbent's margin would keep it for no gain).  Unless
+            # speculation was never timed this large: its estimate is then carried beyond what was
+            # measured, and a toss-up on it is no evidence (H200, row 4's high phases: trials at
+            # bs 150-160 ended in 2-3 s of speculation on estimates from bs <= 8 where `off` was
+            # 1.3-2x faster; pair1w-rows34, pair1x-rows34).  Plain decode keeps it then,
+            # unless speculation leads by the margin; the near-tie probe times it later.
             self._reset_lead()
+            if after_trial and v.speculation_extrapolated(x.decode_bs):
+                return self._say(g > 1.0 + self.margin, "model", c)
             return self._say(g >= 1.0 - self.margin, "model", c)
         if prev:
             if self._recheck_off_at is not None and x.step >= self._recheck_off_at:
