@@ -174,10 +174,17 @@ def future_store_target(v: Version | None = None) -> str:
     return FUTURE_STORE_POOL if v is not None and base_version(v) >= FIRST_SCHEDULE_BATCH_V2 else FUTURE_STORE_RING
 
 
-def future_map_by_pool(future_map) -> bool:
-    """Whether ``future_map`` keys its slots by req_pool_idx (>= 0.5.13: stash / publish) rather
-    than by indices handed out per step (<= 0.5.12: store_to_map)."""
-    return hasattr(future_map, "output_tokens_buf")
+@lru_cache(maxsize=None)
+def future_map_by_pool() -> bool:
+    """Whether the installed FutureMap keys its slots by req_pool_idx (>= 0.5.13: stash / publish)
+    rather than by indices handed out per step (<= 0.5.12: store_to_map)."""
+    return future_store_target() == FUTURE_STORE_POOL
+
+
+def decode_log_counter(processor):
+    """What holds the decode log's speculative counts (``update_spec_metrics``): the result
+    processor itself (<= 0.5.12's mixin), or its metrics reporter (0.5.15)."""
+    return getattr(processor, "metrics_reporter", processor)
 
 
 def speculative_algorithm_none():

@@ -346,18 +346,22 @@ class CostView:
         """Whether ``bs`` lies far above the largest batch speculation was timed at (more than
         FAR_BEYOND times it), where its estimate is a fit or floor carried well past what was
         measured.  A little past it the fit holds (the shared traces' C=5 after bs 1-2)."""
-        top = self.on_top
-        return top is None or bs > FAR_BEYOND * self.mean_bs[1][top]
+        top = self._on_top_bs()
+        return top is None or bs > FAR_BEYOND * top
 
     def _verify_floor(self, bs: int) -> float | None:
         """Speculation's least plausible step time at ``bs`` above its largest timed batch (None
         below it, or without ``verify_rows`` or a plain-decode slope)."""
         if not self.verify_rows or self.fit[0] is None:
             return None
-        top = self.on_top
-        if top is None or bs <= self.mean_bs[1][top]:
+        top = self._on_top_bs()
+        if top is None or bs <= top:
             return None
-        return self.time[1][top] + self.verify_rows * self.fit[0][1] * (bs - self.mean_bs[1][top])
+        return self.time[1][self.on_top] + self.verify_rows * self.fit[0][1] * (bs - top)
+
+    def _on_top_bs(self) -> float | None:
+        """The mean batch size of speculation's largest timed bucket (None: never timed)."""
+        return None if self.on_top is None else self.mean_bs[1][self.on_top]
 
     def samples(self, on: bool, bs: int) -> int:
         return self.count[1 if on else 0][bucket(min(bs, MAX_BS))]

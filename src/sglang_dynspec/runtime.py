@@ -449,8 +449,7 @@ def after_process_decode(ret, processor, batch, result, *args, **kwargs):
         if st.plain and batch.spec_algorithm.is_none():
             # The decode log divides by the speculative forward count, which only speculative
             # results advance: a log interval of plain steps alone would divide by zero.
-            # (0.5.15 keeps that count on the processor's metrics reporter.)
-            getattr(processor, "metrics_reporter", processor).update_spec_metrics(batch.batch_size(), 0)
+            compat.decode_log_counter(processor).update_spec_metrics(batch.batch_size(), 0)
     elif st.accepted_field is not None:
         n = getattr(result, st.accepted_field, None)
         if n is not None:

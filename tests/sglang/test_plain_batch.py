@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 PLAIN_RELEASE = compat.plain_batch_release_problem() is None
 needs_plain_release = pytest.mark.skipif(not PLAIN_RELEASE, reason="plain batches are built on SGLang 0.5.12, 0.5.15")
 # 0.5.15's FutureMap is keyed by req_pool_idx (stash / publish); 0.5.12's hands out ring slots.
-POOL_MAP = PLAIN_RELEASE and compat.future_store_target() == compat.FUTURE_STORE_POOL
+POOL_MAP = PLAIN_RELEASE and compat.future_map_by_pool()
 needs_ring_map = pytest.mark.skipif(not PLAIN_RELEASE or POOL_MAP, reason="the ring FutureMap of SGLang 0.5.12")
 needs_pool_map = pytest.mark.skipif(not POOL_MAP, reason="the FutureMap by req_pool_idx of SGLang 0.5.15")
 

@@ -57,10 +57,10 @@ def to_plain(batch, scheduler) -> None:
         # The last step's draft-extend may still read these rows' req_to_token entries, which the
         # plain prepare rewrites on this (the schedule) stream.
         torch.get_device_module(batch.seq_lens.device).current_stream().wait_stream(scheduler.forward_stream)
-    future_map = getattr(scheduler, "future_map", None)
-    if future_map is not None and compat.future_map_by_pool(future_map):
+    if compat.future_map_by_pool():
         # 0.5.15: the batch's own lengths lag; the last verify published the committed ones.
-        batch.seq_lens = future_map.new_seq_lens_buf[batch.req_pool_indices].to(batch.seq_lens.dtype)
+        published = scheduler.future_map.new_seq_lens_buf
+        batch.seq_lens = published[batch.req_pool_indices].to(batch.seq_lens.dtype)
     seq_lens_cpu = batch.seq_lens.cpu()
     trim_window(batch, seq_lens_cpu.tolist())
     batch.seq_lens_cpu = seq_lens_cpu
@@ -109,9 +109,8 @@ def to_speculative(batch, scheduler, draft_input_cls) -> None:
     draft input carrying them is all the speculative prepare and the FutureMap's resolve read.
     The draft's own outputs there are stale: the resume step rebuilds them.
     """
-    future_map = getattr(scheduler, "future_map", None)
-    if future_map is not None and compat.future_map_by_pool(future_map):
-        _publish_plain_lengths(batch, scheduler, future_map)
+    if compat.future_map_by_pool():
+        _publish_plain_lengths(batch, scheduler, scheduler.future_map)
         batch.spec_algorithm = scheduler.spec_algorithm
         batch.spec_info = draft_input_cls(future_indices=batch.req_pool_indices)
         return
@@ -143,7 +142,7 @@ def store(future_map, future_indices, result) -> bool:
     """Keep a plain step's new tokens in the FutureMap's token buffer; False where ``result`` is
     not a plain step's (it carries a next draft input), to be stored by SGLang.  ``result``:
     0.5.12 a GenerationBatchResult, 0.5.15 the RelayPayload of ``FutureMap.stash``."""
-    if compat.future_map_by_pool(future_map):
+    if compat.future_map_by_pool():
         return _stash_plain(future_map, future_indices, result)
     if result.next_draft_input is not None:
         return False

@@ -483,7 +483,7 @@ def _plain_input_ids(batch, future_map):
     buffer, 0.5.12 under the slots its input ids name negated, 0.5.15 under each row's
     req_pool_idx (the scheduler leaves a decode batch's input ids unset there)."""
     torch = _torch()
-    if compat.future_map_by_pool(future_map):
+    if compat.future_map_by_pool():
         return future_map.output_tokens_buf[batch.req_pool_indices].to(torch.int64)
     ids = batch.input_ids
     tokens = future_map.bonus_tokens_buf[torch.clamp(-ids, min=0)].to(torch.int64)
