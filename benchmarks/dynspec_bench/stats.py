@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 COUNTERS = ("decode_steps", "steps_on", "steps_off", "switches", "policy_errors")
@@ -49,3 +50,30 @@ def delta(before: dict | None, after: dict | None) -> dict | None:
         if k in after:
             out[k] = after[k]
     return out
+
+
+STAGE_METRIC = "sglang:per_stage_req_latency_seconds"
+_STAGE_LABEL = re.compile(r'stage="([^"]+)"')
+
+
+def stage_latency(before: dict[str, float], after: dict[str, float]) -> dict[str, dict] | None:
+    """SGLang's per-stage request latency over a level, from two /metrics samples
+    (``ServerProcess.metrics``): {stage: {"requests": n, "mean_ms": mean}}, for every stage with
+    requests in between (e.g. ``prefill_forward``: a prefill from its forward's start to its
+    result).  The same server-side figure for every mode, plugin or not; None without metrics."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for key, value in after.items():
+        if not key.startswith(STAGE_METRIC):
+            continue
+        rest = key[len(STAGE_METRIC):]
+        m = _STAGE_LABEL.search(rest)
+        if m is None:
+            continue
+        if rest.startswith("_sum"):
+            sums[m.group(1)] = sums.get(m.group(1), 0.0) + value - before.get(key, 0.0)
+        elif rest.startswith("_count"):
+            counts[m.group(1)] = counts.get(m.group(1), 0.0) + value - before.get(key, 0.0)
+    out = {stage: {"requests": int(n), "mean_ms": round(sums.get(stage, 0.0) / n * 1e3, 3)}
+           for stage, n in sorted(counts.items()) if n > 0}
+    return out or None

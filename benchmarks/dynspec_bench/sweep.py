@@ -21,7 +21,7 @@ from .phase_summary import summarize_phases
 from .prompts import PromptSource
 from .results import base_record, phase, validate, write_json
 from .server import ServerProcess
-from .stats import delta, read_stats
+from .stats import delta, read_stats, stage_latency
 from .wave import log, running_modes
 
 # The plugin rewrites its stats file about once per second; tests shorten the wait.
@@ -456,11 +456,13 @@ class Sweep:
         if sdir:
             time.sleep(STATS_SETTLE_S)
         before = read_stats(sdir)
+        metrics = srv.metrics()
         n = cfg.requests_for(c)
         prompts = self.prompts.take(n, salt=salt)
         results, wall = asyncio.run(closed_loop(srv.base_url, prompts, c, self._request_params(n, salt),
                                                 desc=f"{m.name} C={c}"))
         level = summarize(results, wall)
+        level["stage_ms"] = stage_latency(metrics, srv.metrics())
         self._add_stats(level, sdir, before, ("switches", "decode_steps", "steps_off", "steps_on", "policy_errors"))
         if level["failed"]:
             level["errors"] = first_errors(results)
@@ -483,9 +485,11 @@ class Sweep:
         prompts = self.prompts.take(len(arrivals), salt=30_000)
         if params is None:
             params = self._request_params(len(arrivals), salt=30_000)
+        metrics = srv.metrics()
         results, wall = asyncio.run(open_loop(srv.base_url, prompts, arrivals, params, phases,
                                               desc=f"trace {m.name}"))
         level = summarize(results, wall)
+        level["stage_ms"] = stage_latency(metrics, srv.metrics())
         self._add_stats(level, sdir, before, ("switches", "decode_steps", "steps_off", "steps_on"))
         if phases:
             level["phases"] = summarize_by_phase(results, wall)

@@ -10,7 +10,8 @@ from benchmarks.dynspec_bench.modes import (  # noqa: E402
     ServerConfig, build_server_spec, parse_mode, worker_path_guess,
 )
 from benchmarks.dynspec_bench.prompts import PromptSource, load_prompts, random_prompts  # noqa: E402
-from benchmarks.dynspec_bench.stats import delta, read_stats  # noqa: E402
+from benchmarks.dynspec_bench.server import parse_prometheus  # noqa: E402
+from benchmarks.dynspec_bench.stats import delta, read_stats, stage_latency  # noqa: E402
 
 
 def test_mode_grammar():
@@ -302,3 +303,31 @@ def test_optional_flags_and_piecewise_graphs_switch():
     assert optional() == ["--disable-piecewise-cuda-graph", "--sleep-on-idle"]
     assert optional("--piecewise-cuda-graph") == ["--sleep-on-idle"]  # SGLang's default prefill graphs
     assert optional("--no-optional-flags") == []
+
+
+def _stage_text(prefill_sum: float, prefill_n: int, decode_n: int) -> str:
+    # SGLang 0.5.12's histogram as /metrics prints it (labels abridged; buckets are skipped by the reader)
+    lab = 'engine_type="unified",model_name="m",stage="{}",tp_rank="0"'
+    return "\n".join([
+        "# HELP sglang:per_stage_req_latency_seconds The latency of each stage of requests.",
+        "# TYPE sglang:per_stage_req_latency_seconds histogram",
+        f'sglang:per_stage_req_latency_seconds_bucket{{{lab.format("prefill_forward")},le="0.001"}} 0.0',
+        f'sglang:per_stage_req_latency_seconds_sum{{{lab.format("prefill_forward")}}} {prefill_sum}',
+        f'sglang:per_stage_req_latency_seconds_count{{{lab.format("prefill_forward")}}} {float(prefill_n)}',
+        f'sglang:per_stage_req_latency_seconds_sum{{{lab.format("request_process")}}} 0.5',
+        f'sglang:per_stage_req_latency_seconds_count{{{lab.format("request_process")}}} {float(decode_n)}',
+        'sglang:num_requests_total{model_name="m"} 7.0',
+    ]) + "\n"
+
+
+def test_stage_latency_is_the_mean_of_the_requests_between_two_samples():
+    before = parse_prometheus(_stage_text(0.2, 10, 4))
+    after = parse_prometheus(_stage_text(0.2 + 0.45, 40, 4))
+    got = stage_latency(before, after)
+    # 30 prefills took 0.45 s together; request_process saw no request in between
+    assert got == {"prefill_forward": {"requests": 30, "mean_ms": 15.0}}
+
+
+def test_stage_latency_without_metrics_is_none():
+    assert stage_latency({}, {}) is None
+    assert stage_latency({}, parse_prometheus('sglang:num_requests_total{model_name="m"} 7.0\n')) is None
