@@ -181,6 +181,15 @@ def future_map_by_pool() -> bool:
     return future_store_target() == FUTURE_STORE_POOL
 
 
+@lru_cache(maxsize=None)
+def future_token_resolver():
+    """SGLang's in-place resolve of a plain batch's future token ids from a token buffer (<= 0.5.12's
+    ring FutureMap: one JIT kernel on CUDA, its torch ops elsewhere); None where the release has none."""
+    from sglang.srt.managers import overlap_utils
+
+    return getattr(overlap_utils, "_resolve_future_token_ids", None)
+
+
 def decode_log_counter(processor):
     """What holds the decode log's speculative counts (``update_spec_metrics``): the result
     processor itself (<= 0.5.12's mixin), or its metrics reporter (0.5.15)."""

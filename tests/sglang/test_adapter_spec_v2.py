@@ -814,11 +814,11 @@ def _prefill_setup(m, up, monkeypatch, **over):
 
 
 def test_prefill_draft_rows_shift_tokens_and_count_positions_from_the_prefix(m):
-    batch = SimpleNamespace(input_ids=torch.tensor([10, 11, 12, 20, 21], dtype=torch.int32),
-                            extend_seq_lens=[3, 2], seq_lens=torch.tensor([7, 2]))
-    tokens, positions = m._prefill_draft_rows(batch, torch.tensor([13, 22], dtype=torch.int32))
-    assert tokens.tolist() == [11, 12, 13, 21, 22] and tokens.dtype == torch.int64
-    assert positions.tolist() == [4, 5, 6, 0, 1]
+    batch = SimpleNamespace(input_ids=torch.tensor([10, 11, 12, 20, 21, 30], dtype=torch.int32),
+                            extend_seq_lens=[3, 2, 1], extend_prefix_lens=[4, 0, 9], seq_lens=torch.tensor([7, 2, 10]))
+    tokens, positions = m._prefill_draft_rows(batch, torch.tensor([13, 22, 31], dtype=torch.int32))
+    assert tokens.tolist() == [11, 12, 13, 21, 22, 31] and tokens.dtype == torch.int64
+    assert positions.tolist() == [4, 5, 6, 0, 1, 9] and positions.dtype == torch.int64
 
 
 @_MWB_ONLY
@@ -860,6 +860,7 @@ def test_prefill_while_off_writes_the_prompt_draft_kv_without_the_draft_extend(m
     {"multimodal_inputs": [object(), None]},
     {"extend_seq_lens": [3, 1]},  # lengths that do not add up to the batch's tokens
     {"extend_seq_lens": None},
+    {"extend_prefix_lens": None},
 ], ids=lambda d: next(iter(d)))
 def test_prefill_while_off_leaves_other_batches_to_sglang(m, up, monkeypatch, over):
     over = {k: (getattr(up.ForwardMode, v) if k == "forward_mode" else v) for k, v in over.items()}
@@ -914,7 +915,8 @@ def test_light_prefill_release_support(sglang_version):
 
 
 @pytest.mark.skipif(compat.plain_batch_release_problem() is not None, reason="plain batches are built on 0.5.12, 0.5.15")
-def test_forward_plain_runs_the_target_decode_then_the_light_write(m, up, monkeypatch):
+@pytest.mark.parametrize("buf_dtype", [torch.int32, torch.int64])
+def test_forward_plain_runs_the_target_decode_then_the_light_write(m, up, monkeypatch, buf_dtype):
     w, target, draft, batch = _off_setup(m, up)
     writes = _light(m, w, monkeypatch)
     # A plain batch as the scheduler's plain prepare leaves it: lengths counting this step's
@@ -924,8 +926,8 @@ def test_forward_plain_runs_the_target_decode_then_the_light_write(m, up, monkey
     batch.out_cache_loc = torch.tensor([110, 320])
     if compat.v2_input_kind() == "model_worker_batch":
         # 0.5.12: input ids name ring slots (negated) or are real tokens.
-        batch.input_ids = torch.tensor([-5, 9])
-        future_map = SimpleNamespace(bonus_tokens_buf=torch.arange(100, 108, dtype=torch.int32))
+        batch.input_ids = ids = torch.tensor([-5, 9])
+        future_map = SimpleNamespace(bonus_tokens_buf=torch.arange(100, 108, dtype=buf_dtype))
         expected = [105, 9]
     else:
         # 0.5.15: unset; each row's token sits under its req_pool_idx (rows 1 and 3 here).
@@ -936,6 +938,10 @@ def test_forward_plain_runs_the_target_decode_then_the_light_write(m, up, monkey
 
     (tb,) = target.batches
     assert tb["input_ids"].tolist() == expected and tb["input_ids"].dtype == torch.int64
+    if compat.v2_input_kind() == "model_worker_batch":
+        # A token buffer of the input ids' own dtype: resolved in place by SGLang's resolver (one
+        # kernel on CUDA), as a plain server resolves its batch; else a resolved copy.
+        assert (ids.tolist() == expected) == (buf_dtype == torch.int64)
     assert tb["seq_lens"].tolist() == [11, 21] and tb["out_cache_loc"].tolist() == [110, 320]
     assert tb["spec_info"] is None and _target_capture(m, tb) is not None
     ((runner, tok, hid, pos, loc),) = writes
@@ -947,10 +953,11 @@ def test_forward_plain_runs_the_target_decode_then_the_light_write(m, up, monkey
     assert res.next_token_ids.tolist() == [7, 8] and res.next_draft_input is None
     assert res.logits_output.hidden_states is None
     assert m.resume_pending(w)
-    if compat.v2_input_kind() != "model_worker_batch":
-        # The ScheduleBatch itself ran (run_batch keeps no snapshot of a plain batch): what the
-        # forward was given is put back, as for a speculative off-step.
-        assert getattr(batch, "capture_hidden_mode", None) is None and batch.input_ids is None
+    # The batch itself ran, not a copy (0.5.15's ScheduleBatch: run_batch keeps no snapshot of a
+    # plain batch; 0.5.12's ModelWorkerBatch: nothing reads one): what the forward was given is
+    # put back, as for a speculative off-step.
+    assert getattr(batch, "capture_hidden_mode", None) is None
+    assert batch.input_ids is (ids if compat.v2_input_kind() == "model_worker_batch" else None)
 
 
 @pytest.mark.skipif(compat.plain_batch_release_problem() is not None, reason="plain batches are built on 0.5.12, 0.5.15")
@@ -963,3 +970,17 @@ def test_plain_batches_need_the_light_sync_and_the_setting(m, up):
     st.light = draft_kv.LightSync(topk=1, draft_hidden=6, draft_dtype=torch.bfloat16)
     assert m.plain_batch_problem(st, DynspecSettings()) is None
     assert m.plain_batch_problem(st, DynspecSettings(offstep_batch="speculative")) == "offstep_batch=speculative"
+
+
+def test_prepare_records_the_light_write_at_the_off_step_sizes_and_small_prefills(m, up, monkeypatch):
+    from sglang_dynspec.adapters import draft_kv, offstep_graphs
+
+    asked = []
+    monkeypatch.setattr(draft_kv, "prepare", lambda runner, topk, who, mode, sizes, contexts: asked.append(sizes))
+    for graphs, expected in (({"runner": SimpleNamespace(capture_bs=[4, 1, 2])}, [1, 2, 4, *m.PREFILL_WRITE_ROWS]),
+                             (None, None)):  # no off-step graphs: the write runs eager everywhere
+        monkeypatch.setattr(offstep_graphs, "prepare", lambda worker, need_hidden, enabled, g=graphs: g)
+        w = _worker(up)
+        w._draft_worker = _DraftRecorder()
+        m.prepare(w, DynspecSettings())
+        assert asked[-1] == expected

@@ -142,6 +142,20 @@ def test_light_sync_writes_by_replay_else_eagerly_inside_the_draft_contexts(monk
     assert eager == [12, 2] and len(seen) == 1
 
 
+def test_a_position_offset_shifts_the_positions_written_by_replay_and_eagerly(monkeypatch):
+    # Off-steps pass the batch's lengths and -1 (the token's position) instead of a subtraction of their own.
+    torch, g, seen = _graphs()
+    eager = []
+    monkeypatch.setattr(draft_kv, "write", lambda runner, tok, hid, pos, loc: eager.append(pos.tolist()))
+    light = draft_kv.LightSync(topk=1, draft_hidden=3, draft_dtype=torch.float32, graphs=g)
+    lens = torch.tensor([11, 21, 31])
+    light.write(None, torch.arange(3), torch.ones(3, 3), lens, torch.arange(3), position_offset=-1)
+    assert seen[-1][3][:3].tolist() == [10, 20, 30]
+    light.graphs = None
+    light.write(None, torch.arange(3), torch.ones(3, 3), lens, torch.arange(3), position_offset=-1)
+    assert eager == [[10, 20, 30]] and lens.tolist() == [11, 21, 31]
+
+
 def test_the_write_is_recorded_at_the_off_step_graphs_sizes_only_with_them():
     from sglang_dynspec.adapters import offstep_graphs
 

@@ -89,15 +89,21 @@ class WriteGraphs:
         i = bisect.bisect_left(self.sizes, n)
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def run(self, tokens, hidden, positions, locs) -> bool:
-        """Write these rows by a replay; False (nothing done) where no graph fits them."""
+    def run(self, tokens, hidden, positions, locs, position_offset: int = 0) -> bool:
+        """Write these rows (at ``positions + position_offset``) by a replay; False (nothing done)
+        where no graph fits them."""
+        import torch
+
         n = int(tokens.shape[0])
         size = self.size_for(n)
         if size is None or n == 0 or tuple(hidden.shape[1:]) != tuple(self.hidden.shape[1:]):
             return False
         self.tokens[:n].copy_(tokens)
         self.hidden[:n].copy_(hidden)
-        self.positions[:n].copy_(positions)
+        if position_offset:
+            torch.add(positions, position_offset, out=self.positions[:n])  # one op, not a subtraction and a copy
+        else:
+            self.positions[:n].copy_(positions)
         self.locs[:n].copy_(locs)
         if size > n:
             self.locs[n:size].zero_()  # a larger batch's slots may still be there
@@ -121,11 +127,14 @@ class LightSync:
         """Zero ``topk_p`` / ``topk_index`` / ``hidden_states`` rows for ``bs`` requests."""
         return self.placeholders.get(bs, self.topk, self.draft_hidden, self.draft_dtype, device)
 
-    def write(self, draft_model_runner, tokens, target_hidden, positions, locs) -> None:
-        """``write`` by a graph replay where one fits, else eagerly inside the draft's contexts."""
+    def write(self, draft_model_runner, tokens, target_hidden, positions, locs, position_offset: int = 0) -> None:
+        """``write`` (at ``positions + position_offset``) by a graph replay where one fits, else
+        eagerly inside the draft's contexts."""
         g = self.graphs
-        if g is not None and g.run(tokens, target_hidden, positions, locs):
+        if g is not None and g.run(tokens, target_hidden, positions, locs, position_offset):
             return
+        if position_offset:
+            positions = positions + position_offset
         with self.contexts():
             write(draft_model_runner, tokens, target_hidden, positions, locs)
 

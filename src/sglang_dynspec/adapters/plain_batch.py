@@ -153,7 +153,7 @@ def store(future_map, future_indices, result) -> bool:
         # Every request is prefilled speculatively first, and that store sizes the buffers.
         raise RuntimeError("dynspec plain batch: the FutureMap has no buffers yet (no prefill stored)")
     buf = future_map.bonus_tokens_buf
-    buf[span] = result.next_token_ids.to(buf.dtype)
+    buf[span].copy_(result.next_token_ids)  # (casts if it must: no separate conversion op)
     return True
 
 
@@ -166,5 +166,5 @@ def _stash_plain(future_map, req_pool_indices, payload) -> bool:
     if int(req_pool_indices.shape[0]) == 0:
         return True
     buf = future_map.output_tokens_buf
-    buf[req_pool_indices] = payload.bonus_tokens.to(buf.dtype)
+    buf[req_pool_indices] = payload.bonus_tokens.to(buf.dtype)  # (index_put_ needs the dtype)
     return True

@@ -41,6 +41,10 @@ from .state import AdapterState
 
 logger = logging.getLogger("sglang_dynspec.adapters.spec_v2")
 
+# Row counts the light draft write is also recorded at for light prefills, beyond the off-step
+# batch sizes: prompts of a few requests (row 4's 256-token prompts arrive 1-8 per prefill batch).
+PREFILL_WRITE_ROWS = (384, 512, 768, 1024, 1536, 2048)
+
 FORWARD_TARGET = f"{compat.V2_MODULE}.{compat.V2_CLASS}.forward_batch_generation"
 
 
@@ -238,13 +242,14 @@ def _target_decode(worker, batch, kind: str, bonus, window, ndt: int, new_seq_le
     return _run_target(worker, batch, kind, overrides, call_kwargs)
 
 
-def _run_target(worker, batch, kind: str, overrides: dict, call_kwargs: dict):
+def _run_target(worker, batch, kind: str, overrides: dict, call_kwargs: dict, copy: bool = True):
     """The target's forward of ``batch`` with ``overrides``; returns (GenerationBatchResult,
-    copied batch or None).  A ModelWorkerBatch is copied (its tensors alias the ScheduleBatch's);
-    a ScheduleBatch is set, run and restored (a speculative off-step's draft-extend needs the old
+    copied batch or None).  A ModelWorkerBatch is copied (its tensors alias the ScheduleBatch's)
+    where ``copy`` asks for it (a speculative off-step's draft-extend reads the copy); otherwise
+    the batch is set, run and restored (a speculative off-step's draft-extend needs the old
     values; run_batch restores a speculative batch anyway, and keeps no copy of a plain one)."""
     tw = worker.target_worker
-    if kind == "model_worker_batch":
+    if kind == "model_worker_batch" and copy:
         tb = dataclasses.replace(batch, **overrides)
         with _offstep_graphs_active(worker):
             out = tw.forward_batch_generation(tb, **call_kwargs)
@@ -466,12 +471,14 @@ def forward_plain(worker, batch, future_map):
     overrides = {"input_ids": _plain_input_ids(batch, future_map)}
     call_kwargs = _ask_for_hidden(worker, overrides)
     with span("dynspec.offstep.target"):
-        out, _ = _run_target(worker, batch, compat.v2_input_kind(), overrides, call_kwargs)
+        # (no copy: a plain step has no draft-extend to read one; a copy of 0.5.12's ModelWorkerBatch
+        # cost ~15 µs of scheduler CPU per step on the H200 host)
+        out, _ = _run_target(worker, batch, compat.v2_input_kind(), overrides, call_kwargs, copy=False)
     st.light_pending = True
     # The batch's lengths already count this step's token: its position is one less.
     with span("dynspec.offstep.draft_kv"):
         st.light.write(worker.draft_worker.draft_runner, out.next_token_ids, out.logits_output.hidden_states,
-                       batch.seq_lens - 1, batch.out_cache_loc)
+                       batch.seq_lens, batch.out_cache_loc, position_offset=-1)
     # A plain server returns no hidden states unless asked (declined here): drop the target's.
     out.logits_output.hidden_states = None
     return out
@@ -485,8 +492,14 @@ def _plain_input_ids(batch, future_map):
     torch = _torch()
     if compat.future_map_by_pool():
         return future_map.output_tokens_buf[batch.req_pool_indices].to(torch.int64)
-    ids = batch.input_ids
-    tokens = future_map.bonus_tokens_buf[torch.clamp(-ids, min=0)].to(torch.int64)
+    ids, buf = batch.input_ids, future_map.bonus_tokens_buf
+    resolve = compat.future_token_resolver()
+    if resolve is not None and ids.dtype == buf.dtype == torch.int64:
+        # In place, one kernel, as a plain server's run_batch resolves its own: seven small ops
+        # here cost ~0.1 ms of scheduler CPU per step on the H200 host (py-spy, pair1y-r4).
+        resolve(ids, buf)
+        return ids
+    tokens = buf[torch.clamp(-ids, min=0)].to(torch.int64)
     return torch.where(ids < 0, tokens, ids.to(torch.int64))
 
 
@@ -518,9 +531,10 @@ def forward_prefill_off(worker, batch, *args, **kwargs):
                            f"{None if hidden is None else tuple(hidden.shape)} for {n} prompt tokens")
     tokens, positions = _prefill_draft_rows(batch, out.next_token_ids)
     st.light_pending = True
-    # Eager (its row count is the prompt's, no recorded size), inside the contexts set at prepare.
-    with span("dynspec.prefill.draft_kv"), st.light.contexts():
-        draft_kv.write(worker.draft_worker.draft_runner, tokens, hidden, positions, batch.out_cache_loc)
+    # A recorded write where one holds the prompt rows (PREFILL_WRITE_ROWS), else eager inside the
+    # contexts set at prepare.
+    with span("dynspec.prefill.draft_kv"):
+        st.light.write(worker.draft_worker.draft_runner, tokens, hidden, positions, batch.out_cache_loc)
     mod = compat.v2_worker_module()
     # Upstream's prefill draft input (its lengths are the batch's own), seeds as placeholders.
     out.next_draft_input = _next_draft_input(
@@ -532,7 +546,7 @@ def forward_prefill_off(worker, batch, *args, **kwargs):
 
 def _plain_prefill(batch) -> bool:
     """A pure EXTEND batch of token ids (no embeddings, no multimodal inputs) whose per-request
-    lengths add up to its tokens; anything else prefills upstream."""
+    lengths add up to its tokens and whose cached prefixes are listed; anything else prefills upstream."""
     fm = getattr(batch, "forward_mode", None)
     if fm is None or getattr(fm, "name", None) != "EXTEND":
         return False
@@ -541,29 +555,37 @@ def _plain_prefill(batch) -> bool:
     if any(mm is not None for mm in (getattr(batch, "multimodal_inputs", None) or ())):
         return False
     lens = getattr(batch, "extend_seq_lens", None)
+    prefix = getattr(batch, "extend_prefix_lens", None)
     ids = getattr(batch, "input_ids", None)
-    if not lens or ids is None or getattr(batch, "out_cache_loc", None) is None:
+    if not lens or prefix is None or ids is None or getattr(batch, "out_cache_loc", None) is None:
         return False
-    return len(lens) == int(batch.seq_lens.shape[0]) and sum(lens) == int(ids.shape[0])
+    return len(lens) == len(prefix) == int(batch.seq_lens.shape[0]) and sum(lens) == int(ids.shape[0])
 
 
 def _prefill_draft_rows(batch, next_token_ids):
     """The draft's (token, position) for every prompt token of ``batch``: position p takes
-    token p + 1, and each request's last position its new token.  On the GPU, without a sync
-    (one small copy of the extend lengths, asynchronous as SGLang's own)."""
+    token p + 1, and each request's last position its new token.  The positions and the rows of
+    the last tokens come from the batch's CPU lengths in one asynchronous copy from pinned memory;
+    three GPU ops make the tokens.  (Built on the GPU, as before, it took ten small ops: ~0.6 ms
+    of scheduler CPU per prefill batch on the H200 host, py-spy in pair1y-r4.)"""
+    import numpy as np
+
     torch = _torch()
     ids = batch.input_ids
     dev = ids.device
     n = int(ids.shape[0])
-    lens = torch.tensor(batch.extend_seq_lens, dtype=torch.int64).to(dev, non_blocking=True)
-    ends = torch.cumsum(lens, 0)
-    req = torch.repeat_interleave(torch.arange(lens.shape[0], device=dev), lens, output_size=n)
-    # Lengths after the extend less the extend: each request's cached prefix.
-    starts = (batch.seq_lens.to(torch.int64) - lens)[req]
-    positions = starts + torch.arange(n, device=dev) - (ends - lens)[req]
+    lens = np.asarray(batch.extend_seq_lens, dtype=np.int64)
+    ends = np.cumsum(lens)
+    # position of token i: i less its request's first row, plus that request's cached prefix
+    shift = np.asarray(batch.extend_prefix_lens, dtype=np.int64) - (ends - lens)
+    host = torch.from_numpy(np.concatenate([np.arange(n, dtype=np.int64) + np.repeat(shift, lens), ends - 1]))
+    if dev.type == "cuda":
+        host = host.pin_memory()  # (the caching host allocator keeps it until the copy has run)
+    rows = host.to(dev, non_blocking=True)
+    positions, last = rows[:n], rows[n:]
     tokens = torch.empty(n, dtype=torch.int64, device=dev)
     tokens[:-1] = ids[1:]
-    tokens[ends - 1] = next_token_ids.to(torch.int64)
+    tokens[last] = next_token_ids.to(torch.int64)
     return tokens, positions
 
 
@@ -585,9 +607,14 @@ def prepare(worker, settings) -> None:
     if unsupported_reason(worker):
         return
     st.graphs = offstep_graphs.prepare(worker, _needs_hidden(worker), settings.offstep_graphs)
+    sizes = offstep_graphs.capture_sizes(st.graphs)
+    if sizes:
+        # The light prefill's write too (a prompt token per row): small prefill batches replay
+        # one graph instead of a dozen eager ops and their Python (larger ones run eager).
+        sizes = sorted(set(sizes) | set(PREFILL_WRITE_ROWS))
     st.light = draft_kv.prepare(getattr(getattr(worker, "draft_worker", None), "draft_runner", None),
                                 getattr(worker, "topk", 1), "spec_v2", settings.offstep_draft_sync,
-                                offstep_graphs.capture_sizes(st.graphs), lambda: compat.draft_contexts(worker))
+                                sizes, lambda: compat.draft_contexts(worker))
     problem = light_prefill_problem(st, settings)
     st.light_prefill = problem is None
     logger.info("dynspec spec_v2: prefills while off %s", "write the draft KV directly (light)" if problem is None

@@ -235,7 +235,8 @@ def _sync_draft_light(worker, batch, st: AdapterState, keep, n_unfinished: int, 
     import torch
 
     with span("dynspec.offstep.draft_kv"):
-        st.light.write(worker.draft_model_runner, next_token_ids, target_hidden, batch.seq_lens - 1, out_cache_loc)
+        st.light.write(worker.draft_model_runner, next_token_ids, target_hidden, batch.seq_lens, out_cache_loc,
+                       position_offset=-1)
     toks = _rows(next_token_ids, keep).to(torch.int32)
     ph = st.light.placeholder_rows(n_unfinished, toks.device)
     # Materialised: the scheduler filters and concatenates these rows in place.
