@@ -97,6 +97,9 @@ NEW_LOAD_SHARE = 0.5
 ACCEPT_STALE_STEPS = 256
 
 
+MIN_PREFILL_SHARE = 0.5  # a prefill's time after the next step's refund: at least this share of what it measured
+
+
 class Controller:
     def __init__(
         self,
@@ -198,6 +201,8 @@ class Controller:
         new_load = grew >= NEW_LOAD_MIN_ROWS and grew >= NEW_LOAD_SHARE * decode_bs
         if new_load:
             self.prefill.new_stretch(None)
+        if rows:
+            self.prefill.admit(rows, now)
         charged_to: bool | None = None
         cut = self._t_other if self._t_other is not None else now
         extend = now - cut  # the prefill batches since the previous decode step, 0.0 if none
@@ -212,7 +217,11 @@ class Controller:
                 charged_to = self._mode_prev
                 disturbed = extend > 0.0 or held is not None
                 if disturbed and est is not None and self.costs.samples(self._mode_prev, self._bs_prev) >= MIN_SAMPLES:
-                    spill = max(dt - est, 0.0)
+                    # signed: with the overlap scheduler a plain step right after a prefill took
+                    # 2-3 ms where steps took 6 (H200 pair, pair1z-rows34): part of it ran during
+                    # the prefill, whose time then holds it; a speculative step there took its usual
+                    # time.  Clipped at 0, plain prefills were charged ~3 ms each of decode time.
+                    spill = dt - est
                 else:
                     self.costs.observe(self._mode_prev, self._bs_prev, dt)
             if held is not None:
@@ -250,7 +259,10 @@ class Controller:
                 self.acceptance(greedy).recent = 0
             self.stats["switches"] += 1
             self.steps_in_mode = 1
-            self.prefill.new_stretch(decision)
+            # Both: the mode left keeps no stretch, its history stands for it.  A plain dwell of 15
+            # steps that admitted 4 requests in 3 batches otherwise priced plain prefills at 1.33 per
+            # batch through a whole speculative high phase (H200 pair, pair1z-rows34).
+            self.prefill.new_stretch(None)
         else:
             self.steps_in_mode += 1
         self.prev = decision
@@ -314,7 +326,10 @@ class Controller:
         elsewhere; as decode samples those two raised the estimate by ~20 % right after each
         refill, which is when a plain trial ends and is judged.  They are the prefill's cost."""
         on, seconds, rows = held
-        self.prefill.observe(on, None if seconds is None else seconds + spill, rows)
+        if seconds is not None:
+            seconds = max(seconds + spill, MIN_PREFILL_SHARE * seconds)  # (a noisy step is no refund)
+        # held over a switch: its mode's stretch has ended
+        self.prefill.observe(on, seconds, rows, stretch=on is None or on == self.prev)
 
     def on_result(self, decode_bs: int, accepted_drafts: int, greedy: bool | None = None) -> None:
         """Accepted drafts of one speculative step (from the scheduler; rank-identical), of a batch
@@ -414,9 +429,9 @@ class Controller:
         version = self.stats["agreements"]
         self.stats["agreements"] += 1
         if self.tp_size == 1 or self.agree is None:
-            self.view = CostView.from_table(self.costs, self.prefill, version, self.verify_rows)
+            self.view = CostView.from_table(self.costs, self.prefill, version, self.verify_rows, now=self.clock())
             return
-        vec = self.costs.to_vector() + self.prefill.to_vector()
+        vec = self.costs.to_vector() + self.prefill.to_vector(self.clock())
         vec.append(1.0 if self._pending_failure else 0.0)
         vec = self.agree(vec)
         failed_somewhere = vec.pop() > 0

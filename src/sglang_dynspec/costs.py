@@ -33,6 +33,7 @@ MAX_BS = 8192
 MIN_SAMPLES = 3  # a bucket is trusted after this many samples
 RATE_MEMORY = 256.0  # requests: requests-per-token fades over about this many
 STRETCH_MIN_REQUESTS = 4.0  # a stretch's own prefill figure is trusted after this many requests
+ARRIVAL_TAU_S = 1.0  # seconds: the admission rate is a moving average over about this long
 FAR_BEYOND = 4.0  # a batch this many times the largest timed one is beyond what a fit can say
 
 
@@ -120,6 +121,7 @@ def _fade(memory: float, n: float) -> float:
 
 BATCH_MEMORY = 32.0  # prefill batches: a mode's batching history fades over about this many
 BATCH_SAMPLES = 5  # a batch size's time is the median of its last this many batches
+MATCHED_SAMPLES = 3  # a size's batches of both modes enter their ratio once each mode had this many
 
 
 class PrefillMeter:
@@ -149,13 +151,40 @@ class PrefillMeter:
         self.rate_req = 0.0
         self.rate_tok = 0.0
         self._tokens_pending = 0.0
+        self._recent_on: list[list[bool]] = [[] for _ in range(n)]  # the mode behind each of _recent
+        # the same batch times per mode of the decode step before them (CostView.mode_factor)
+        self.mode_time = [[0.0] * n, [0.0] * n]
+        self.mode_count = [[0] * n, [0] * n]
+        self._mode_recent: list[list[list[float]]] = [[[] for _ in range(n)], [[] for _ in range(n)]]
+        # admitted requests per wall second, idle time included (see admit)
+        self._arrivals = 0.0
+        self._arrivals_t: float | None = None
+        self._arrivals_since: float | None = None
+
+    def admit(self, requests: int, now: float) -> None:
+        """``requests`` were admitted at clock ``now``: the load's arrival rate, measured over
+        wall time with the server's idle gaps in it (a decode batch size cannot say how often
+        requests come when the server is idle between them)."""
+        if self._arrivals_t is None:
+            self._arrivals_t = self._arrivals_since = now
+        self._arrivals = self._arrivals * math.exp(-(now - self._arrivals_t) / ARRIVAL_TAU_S) + requests
+        self._arrivals_t = now
+
+    def arrival_rate(self, now: float) -> float | None:
+        """Admitted requests per second at ``now`` (None before any were)."""
+        if self._arrivals_t is None:
+            return None
+        # corrected for a start of the average less than ARRIVAL_TAU_S ago (an average from zero)
+        seen = 1.0 - math.exp(-max(now - self._arrivals_since, 1e-3) / ARRIVAL_TAU_S)
+        return self._arrivals * math.exp(-max(now - self._arrivals_t, 0.0) / ARRIVAL_TAU_S) / (ARRIVAL_TAU_S * seen)
 
     def add_tokens(self, n: float) -> None:
         self._tokens_pending += n
 
-    def observe(self, on: bool | None, seconds: float | None, requests: int) -> None:
+    def observe(self, on: bool | None, seconds: float | None, requests: int, stretch: bool = True) -> None:
         """Prefill batches admitting ``requests`` took ``seconds`` (None: unknown) after a decode
-        step of mode ``on`` (None: after an idle gap, a new load no mode caused)."""
+        step of mode ``on`` (None: after an idle gap, a new load no mode caused); ``stretch``:
+        they belong to that mode's current stretch (not to one a switch has ended since)."""
         if requests <= 0:
             return
         f = _fade(RATE_MEMORY, requests)
@@ -165,21 +194,30 @@ class PrefillMeter:
         if seconds is not None and seconds > 0:
             b = bucket(min(requests, MAX_BS))
             c = self.count[b] + 1
-            recent = self._recent[b]
+            recent, modes = self._recent[b], self._recent_on[b]
             recent.append(seconds)
+            modes.append(bool(on))
             if len(recent) > BATCH_SAMPLES:
-                del recent[0]
+                del recent[0], modes[0]
             self.time[b] = median(recent)
             self.mean_n[b] += max(1.0 / c, self.alpha) * (requests - self.mean_n[b])
             self.count[b] = c
         if on is None:
             return
         m = 1 if on else 0
+        if seconds is not None and seconds > 0:
+            recent = self._mode_recent[m][b]
+            recent.append(seconds)
+            if len(recent) > BATCH_SAMPLES:
+                del recent[0]
+            self.mode_time[m][b] = median(recent)
+            self.mode_count[m][b] += 1
         f = _fade(BATCH_MEMORY, 1)
         self.hist_req[m] = self.hist_req[m] * f + requests
         self.hist_batches[m] = self.hist_batches[m] * f + 1.0
-        self.stretch_req[m] += requests
-        self.stretch_batches[m] += 1.0
+        if stretch:
+            self.stretch_req[m] += requests
+            self.stretch_batches[m] += 1.0
 
     def new_stretch(self, on: bool | None = None) -> None:
         """Forget the stretch figures of one mode (None: both)."""
@@ -187,17 +225,25 @@ class PrefillMeter:
             self.stretch_req[m] = 0.0
             self.stretch_batches[m] = 0.0
 
-    def to_vector(self) -> list[float]:
+    def to_vector(self, now: float | None = None) -> list[float]:
+        """Flat vector for a SUM all-reduce; ``now``: the clock the arrival rate is read at."""
         out: list[float] = []
         for b in range(NUM_BUCKETS):
             has = 1.0 if self.count[b] else 0.0
             out += (self.time[b] * has, self.mean_n[b] * has, has)
+        for b in range(NUM_BUCKETS):
+            modes = self._recent_on[b]
+            out.append(sum(modes) / len(modes) if modes else 0.0)  # rank-identical
+            for m in (0, 1):
+                has = 1.0 if self.mode_count[m][b] else 0.0
+                out += (self.mode_time[m][b] * has, has, float(min(self.mode_count[m][b], BATCH_SAMPLES)))
+        rate = self.arrival_rate(now) if now is not None else None
         return out + [*self.hist_req, *self.hist_batches, *self.stretch_req, *self.stretch_batches,
-                      self.rate_req, self.rate_tok]
+                      self.rate_req, self.rate_tok, -1.0 if rate is None else rate]
 
 
-PREFILL_COUNTS = 10  # hist_req, hist_batches, stretch_req, stretch_batches (x2 modes), rate_req, rate_tok
-PREFILL_VECTOR_LEN = 3 * NUM_BUCKETS + PREFILL_COUNTS
+PREFILL_COUNTS = 11  # hist_req, hist_batches, stretch_req, stretch_batches (x2 modes), rate_req, rate_tok, arrivals/s
+PREFILL_VECTOR_LEN = 10 * NUM_BUCKETS + PREFILL_COUNTS
 
 
 class CostView:
@@ -209,7 +255,7 @@ class CostView:
     extrapolated to batches larger than any it ran at (see ``estimate``)."""
 
     __slots__ = ("time", "count", "mean_bs", "fit", "version", "prefill", "batch_points", "batch_fit", "per_request",
-                 "verify_rows", "on_top")
+                 "verify_rows", "on_top", "mode_factor", "arrivals_per_s")
 
     def __init__(self, summed: Sequence[float] | None, version: int = 0, ranks: int = 1,
                  verify_rows: int | None = None):
@@ -223,6 +269,8 @@ class CostView:
         self.batch_points: list[tuple[float, float]] = []
         self.batch_fit = None
         self.per_request: tuple[float, float | None] = (0.0, None)
+        self.mode_factor = [1.0, 1.0]
+        self.arrivals_per_s: float | None = None
         if summed is None:  # filled by from_table
             return
         i = 0
@@ -239,13 +287,14 @@ class CostView:
 
     @classmethod
     def from_table(cls, table: CostTable, meter: PrefillMeter | None = None, version: int = 0,
-                   verify_rows: int | None = None) -> "CostView":
-        """A single rank's view: copies of its own lists (no vector round trip)."""
+                   verify_rows: int | None = None, now: float | None = None) -> "CostView":
+        """A single rank's view: copies of its own lists (no vector round trip); ``now``: the
+        clock the meter's arrival rate is read at (None: no rate)."""
         v = cls(None, version, verify_rows=verify_rows)
         v.time = [list(table.time[0]), list(table.time[1])]
         v.count = [list(table.count[0]), list(table.count[1])]
         v.mean_bs = [list(table.mean_bs[0]), list(table.mean_bs[1])]
-        v._set_prefill(meter.to_vector() if meter is not None else None, 1)
+        v._set_prefill(meter.to_vector(now) if meter is not None else None, 1)
         v._derive()
         return v
 
@@ -258,12 +307,16 @@ class CostView:
             self.prefill = [0.0] * PREFILL_COUNTS
             self.per_request = (0.0, None)
             return
-        pts = []
+        pts, counts = [], []
         for b in range(NUM_BUCKETS):
             t, n, has = vec[3 * b : 3 * b + 3]
             if has > 0:
                 pts.append((n / has, t / has))
-        self.prefill = [x / ranks for x in vec[3 * NUM_BUCKETS :]]
+        i = 3 * NUM_BUCKETS
+        self.mode_factor = _mode_factors(vec[i : i + 7 * NUM_BUCKETS], ranks)
+        self.prefill = [x / ranks for x in vec[i + 7 * NUM_BUCKETS :]]
+        rate = self.prefill[10]
+        self.arrivals_per_s = rate if rate >= 0 else None
         self.batch_points = sorted(pts)
         if len(pts) == 1:
             self.batch_fit = (pts[0][1], 0.0)  # one size seen: a fixed cost per batch
@@ -279,8 +332,14 @@ class CostView:
         p_off = self.prefill_stretch(False)
         if p_off is None:
             p_off = self.prefill_history(False)
-        if p_off is None:
-            p_off = p_on or 0.0
+        if p_off is not None:
+            p_off *= self.mode_factor[0]
+        elif p_on is not None:
+            p_off = p_on * self.mode_factor[0]  # both from the shared table
+        else:
+            p_off = 0.0
+        if p_on is not None:
+            p_on *= self.mode_factor[1]
         return p_off, p_on
 
     def prefill_per_request(self, on: bool, bs: int = 1, accept: float = 1.0) -> float:
@@ -298,7 +357,9 @@ class CostView:
         if p_on is not None:
             return p_on
         refill = self.refill_per_request(max(bs, 1) * max(accept, 1.0) * self.requests_per_token())
-        return refill if refill is not None else self.per_request[0]
+        if refill is None:
+            return self.per_request[0] / self.mode_factor[0] * self.mode_factor[1]
+        return refill * self.mode_factor[1]
 
     def refill_per_request(self, finished_per_step: float) -> float | None:
         """Seconds per request of the prefill batches that replace requests finishing at random,
@@ -421,6 +482,39 @@ class CostView:
         """The same at the batching of its current stretch, once that has seen a few requests."""
         n = self.batch_size_stretch(on)
         return None if n is None else self._per_request(n)
+
+
+def _mode_factors(vec: Sequence[float], ranks: int) -> list[float]:
+    """(off, on) multipliers of the shared batch-time table: speculation's prefill batches over
+    plain decode's of the same size, R (the count-weighted geometric mean over the sizes both modes
+    ran MATCHED_SAMPLES times or more, at least 1.0), shared between them by how much of the
+    table each mode's batches make: a table of plain batches only is plain decode's (1, R).
+
+    The forward is the same, the work around it is not: speculation also extends the draft model
+    and drafts the first tokens, where plain decode writes the draft's KV in one light pass.  On the
+    H200 pair after 97b757f (pair1z-rows34) a speculating server's batches of one and two requests
+    took 1.5x a plain one's (25 vs 16, 48 vs 31 ms medians), and a table shared by both modes
+    priced plain decode's prefills at speculation's in the high phases, where the policy then
+    speculated at 0.6-0.7x.  Earlier builds measured 1.0-1.4x.  Medians, because single batches
+    vary by 2x; sizes both modes ran, because the table's sizes are one mode's or the other's.
+    At least 1.0: the same forward plus more work is never cheaper, so a lower median is noise."""
+    num = den = share = weight = 0.0
+    for b in range(NUM_BUCKETS):
+        on_share, t0, has0, c0, t1, has1, c1 = vec[7 * b : 7 * b + 7]
+        c0 = c0 / has0 if has0 > 0 else 0.0
+        c1 = c1 / has1 if has1 > 0 else 0.0
+        n_table = max(c0, c1)  # the shared table keeps as many recent batches as the fuller mode
+        share += (on_share / ranks) * n_table
+        weight += n_table
+        if c0 >= MATCHED_SAMPLES and c1 >= MATCHED_SAMPLES and t0 > 0 and t1 > 0:
+            w = min(c0, c1)
+            num += w * math.log((t1 / has1) / (t0 / has0))
+            den += w
+    if den == 0.0:
+        return [1.0, 1.0]
+    ratio = max(math.exp(num / den), 1.0)
+    on_share = share / weight if weight > 0 else 0.0
+    return [ratio ** -on_share, ratio ** (1.0 - on_share)]
 
 
 def _line(pts: list[tuple[float, float]]) -> tuple[float, float]:

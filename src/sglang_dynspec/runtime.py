@@ -93,6 +93,8 @@ class WorkerState:
             s["prefill_per_request_on_s"] = v.prefill_per_request(True, bs, self.controller.accept_length)
             s["prefill_per_request_off_s"] = v.prefill_per_request(False)
             s["requests_per_token"] = v.requests_per_token()
+            s["arrivals_per_s"] = v.arrivals_per_s
+            s["prefill_mode_factor_off"], s["prefill_mode_factor_on"] = v.mode_factor
         return s
 
 

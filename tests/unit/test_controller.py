@@ -634,3 +634,84 @@ def test_goodput_learns_a_new_regimes_acceptance_even_while_plain_decode_wins_th
     for _ in range(100):
         step(True, drafts=2)  # 3 tokens per 6 ms against 1 per 3.4 ms
     assert decisions[-1][0] is True
+
+
+def test_each_mode_prefill_ratio_to_a_line_through_both_modes_batches():
+    from sglang_dynspec.costs import CostTable, CostView, PrefillMeter
+
+    # speculation's prefill batches take 1.5x plain decode's at every size (draft extend and drafts)
+    m = PrefillMeter()
+    for n in (1, 2, 3, 4, 6):
+        for _ in range(3):
+            m.observe(False, (4.0 + 10.0 * n) / 1e3, n)
+            m.observe(True, 1.5 * (4.0 + 10.0 * n) / 1e3, n)
+    off, on = CostView.from_table(CostTable(), m).mode_factor
+    assert on / off == pytest.approx(1.5, rel=0.02)
+    assert off < 1.0 < on
+    # each mode's figure per request carries its ratio; a mode with fewer than 4 batches has none
+    m2 = PrefillMeter()
+    for _ in range(3):
+        m2.observe(True, 0.030, 1)
+    assert CostView.from_table(CostTable(), m2).mode_factor == [1.0, 1.0]
+
+
+def test_the_arrival_rate_counts_idle_time():
+    from sglang_dynspec.costs import PrefillMeter
+
+    m = PrefillMeter()
+    assert m.arrival_rate(0.0) is None
+    t = 0.0
+    for _ in range(200):  # 40 requests a second for 5 s
+        t += 0.025
+        m.admit(1, t)
+    assert m.arrival_rate(t) == pytest.approx(40.0, rel=0.05)
+    assert m.arrival_rate(t + 3.0) < 40.0 * math.exp(-2.9)  # nothing came for 3 s
+    m2 = PrefillMeter()  # a fresh average is not biased low: 10 requests in the first 0.5 s
+    for k in range(10):
+        m2.admit(1, 0.05 * (k + 1))
+    assert m2.arrival_rate(0.5) == pytest.approx(20.0, rel=0.25)
+
+
+def test_a_plain_step_shortened_by_the_prefill_before_it_refunds_the_prefill():
+    """With the overlap scheduler the plain step after a prefill ran partly during it (2-3 ms where
+    steps take 6 on the H200 pair): the prefill's time is charged net of that."""
+    clock = Clock()
+    c = Controller(build_policy("never", {}), clock=clock, sync_interval=1)
+    for _ in range(10):
+        c.on_decode(8)
+        clock.t += 0.006
+    c.on_decode(8)
+    clock.t += 0.006  # the decode step, then a 20 ms prefill of one request
+    c.on_other(1)
+    clock.t += 0.020
+    c.on_decode(8)
+    clock.t += 0.002  # the next step took 2 ms where 6 were expected
+    c.on_decode(8)
+    assert c.prefill.time[1] == pytest.approx(0.016, abs=1e-6)
+    # at most half the measured time is refunded
+    clock.t += 0.006
+    c.on_other(1)
+    clock.t += 0.004
+    c.on_decode(8)
+    clock.t += 0.0001
+    c.on_decode(8)
+    assert sorted(c.prefill._recent[1]) == pytest.approx([0.002, 0.016], abs=1e-6)
+
+
+def test_a_switch_ends_the_stretch_of_the_mode_left():
+    """pair1z-rows34 (H200 pair): a 15-step plain dwell admitted 4 requests in 3 batches, and its
+    1.33 per batch priced plain prefills through the whole speculative high phase after it."""
+    clock = Clock()
+    decisions = iter([False] * 20 + [True] * 5)
+    c = Controller(Scripted(lambda x: next(decisions)), clock=clock, sync_interval=1)
+    c.on_decode(8)
+    for k in range(19):
+        clock.t += 0.005
+        if k % 5 == 0:
+            c.on_other(1)
+            clock.t += 0.01
+        c.on_decode(8)
+    assert c.prefill.stretch_req[0] >= 3
+    clock.t += 0.005
+    c.on_decode(8)  # speculation from here
+    assert c.prefill.stretch_req == [0.0, 0.0]

@@ -361,7 +361,9 @@ def test_goodput_judges_a_probe_after_it_measured_enough_request_steps():
         held = whys[start + 1:start + runs[bs]]
         assert set(held) <= {"probing", "dwell", "persist"}
         assert held.count("probing") == 64 // bs - 1
-    assert runs[1] >= 64 and 16 <= runs[8] < 64
+    # judged after PROBE_DECISIONS model decisions, without the dwell (a probe's steps at a large
+    # batch are costly: pair1z-rows34)
+    assert runs[1] >= 64 and 8 <= runs[8] < 16
 
 
 def test_goodput_a_switch_reversing_a_recent_one_waits_longer_in_a_tie():
@@ -530,3 +532,35 @@ def test_goodput_fresh_probes_spare_refill_waves_but_a_small_batch_holds_none():
     hopeful_on, hopeful_off, _ = p.seconds_per_token(inputs(bs=2, acc=acc * 1.5, costs=batched))
     assert hopeful_on < hopeful_off
     assert p.decide(inputs(bs=2, **x)) is True and p.explain()["why"] == "fresh"  # two requests hold no wave
+
+
+def test_goodput_per_token_charges_an_open_load_what_its_arrivals_stretch_the_step():
+    from sglang_dynspec.policies.goodput import per_token
+
+    # pair1z-rows34, a low phase at 1 request/s: speculation 6.9 ms steps at 2.5 tokens per request
+    # and 26 ms per prefill, plain decode 3.3 ms and 8.5 ms, ~60 tokens per request, bs 2
+    rho = 1 / 60
+    on_refill = per_token(0.0069, 2 * 2.5, 0.026, rho, None)
+    off_refill = per_token(0.0033, 2, 0.0085, rho, None)
+    assert on_refill > 0.98 * off_refill  # refilling every finished request: a tie, or plain decode
+    on = per_token(0.0069, 2 * 2.5, 0.026, rho, 1.0)
+    off = per_token(0.0033, 2, 0.0085, rho, 1.0)
+    assert off > 1.1 * on  # arrivals at 1/s: speculation, as measured (TPOT 2.6 vs 3.4 ms)
+    assert on == pytest.approx(0.0069 / (5 * (1 - 0.026)))
+    # a load that arrives faster than refills would come is charged as refills (a closed loop's burst)
+    assert per_token(0.0069, 5, 0.026, rho, 1000.0) == pytest.approx(on_refill)
+    assert per_token(0.0069, 5, 0.026, rho, 30.0) == pytest.approx(on_refill)
+
+
+def test_goodput_a_probe_in_a_tie_goes_back_to_plain_decode():
+    # the modes tie (speculation ~2 % ahead): a near-tie probe is judged after PROBE_ROWS request-steps
+    # and PROBE_DECISIONS decisions and, short of the margin, returns; a stretch the model chose stays
+    v = view(lambda b: 10.0, lambda b: 5.0 * 1.02)
+    p = build_policy("goodput", {"reprobe_near": 64, "reprobe_every": 10**6})
+    out, whys = _drive(p, [32] * 200, 2.0, v, start_prev=False)
+    start = whys.index("probe")
+    back = out[start:].index(False)
+    assert 1 + 4 <= back <= 8 and whys[start + back] == "model"
+    p2 = build_policy("goodput", {})
+    out2, _ = _drive(p2, [32] * 200, 2.0, v, start_prev=True)
+    assert all(out2)

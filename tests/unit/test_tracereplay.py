@@ -242,9 +242,9 @@ def test_speculation_is_not_extrapolated_into_a_large_batch():
     assert not any(fixed[i].decided for i in large)
     est = fixed[first_on].estimates
     assert est["off_tok_s"] > 1.2 * est["on_tok_s"]
-    # without the verify rows, the same inputs give the recorded (costly) switch
+    # without the verify rows speculation's estimate there is its flat fit's, well above
     unbounded = redrive(rows[: first_on + 1], "goodput").steps
-    assert unbounded[first_on].decided and unbounded[first_on].why == "model"
+    assert unbounded[first_on].estimates["on_tok_s"] > 1.1 * est["on_tok_s"]
 
 
 def test_following_the_recorded_decisions_keeps_the_servers_costs(tmp_path, capsys):
@@ -392,9 +392,14 @@ def test_a_switch_to_speculation_for_a_slower_plain_step_looks_back_at_plain_dec
     assert rows[switch]["on"] and not rows[switch - 1]["on"] and rows[switch]["why"] == "model"
     assert sum(not r["on"] for r in rows[switch:] if r["bs"] == 1) == 1
     steps = redrive(rows, "goodput", follow=True).steps
-    assert [s.decided for s in steps[:switch + 1]] == [r["on"] for r in rows[:switch + 1]]
+    # (since the arrival rate entered the estimates, the same switch comes one step sooner, and two
+    # probes before it are judged 4 steps sooner: PROBE_DECISIONS)
+    redriven = next(i for i in range(switch - 8, switch + 8) if steps[i].decided)
+    assert redriven in (switch - 1, switch)
+    differ = sum(s.decided != r["on"] for s, r in zip(steps[:redriven], rows[:redriven]))
+    assert differ <= 8
     rechecks = [i for i, s in enumerate(steps) if s.why == "recheck off"]
-    assert rechecks == [switch + 256] and steps[rechecks[0]].bs == 1 and not steps[rechecks[0]].decided
+    assert rechecks == [redriven + 256] and steps[rechecks[0]].bs == 1 and not steps[rechecks[0]].decided
 
 
 @pytest.mark.parametrize("run, step", [("pair1x-rows34", 3191), ("pair1w-rows34", 2280)])
@@ -409,3 +414,32 @@ def test_a_trial_at_a_size_speculation_never_ran_ends_plain_on_a_toss_up(run, st
     assert rows[step]["bs"] >= 150
     s = redrive(rows, "goodput", follow=True).steps[step]
     assert not s.decided and s.why == "model"
+
+
+def _goodput_trace(tarball: Path) -> list[dict]:
+    """The trace of the run's dynspec server that switched (goodput beside never)."""
+    traces, _ = read_logs(tarball)
+    (rows,) = [r for r in traces.values() if len({s["on"] for s in r}) == 2]
+    return rows
+
+
+def test_speculation_in_an_open_high_phase_is_left_and_not_probed():
+    """H200, SGLang 0.5.12, pair1z-rows34 (commit 97b757f), row 4: a near-tie probe at bs 40 in the
+    second high phase (40 requests/s) found the modes tied and stayed, and speculation ran through it
+    and the third (bs 40-120) at TPOT 13-14 ms where plain decode's was 7.5-8.7.  Plain decode's
+    prefills were priced at a 15-step dwell's 1.33 requests per batch and at speculation's batch
+    times.  Asked at the same inputs, the policy leans to plain decode at most of those steps and
+    probes speculation at no batch of 40 or more after the first high phase."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _goodput_trace(RESULTS / "pair1z-rows34-logs.tar.xz")
+    row4 = redrive(rows, "goodput", follow=True).runs()[-1]
+    t0 = row4[0].t
+    late = [s for s in row4 if s.t - t0 > 20 and s.bs >= 40 and s.recorded]
+    assert len(late) > 300
+    leaning_off = sum(not s.decided or s.why == "persist" for s in late)
+    assert leaning_off > 0.6 * len(late)  # was 5 of 322
+    assert not [s for s in row4 if s.t - t0 > 15 and s.bs >= 40 and s.why in ("probe", "fresh", "recheck")]
+    # the low phases between: speculation at one request
+    low = [s for s in row4 if 15 < s.t - t0 < 20 and s.bs == 1]
+    assert len(low) > 100 and all(s.decided for s in low)

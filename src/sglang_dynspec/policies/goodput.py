@@ -6,7 +6,10 @@ Seconds per output token of each mode at this decode batch size ``bs``::
     off: decode_off(bs) / bs                   + prefill_off * requests_per_token
 
 ``decode_*`` are the agreed decode-step times, ``prefill_*`` the seconds a prefill costs per
-admitted request after steps of that mode, ``requests_per_token`` the workload's (costs.py).
+admitted request after steps of that mode (speculation's at least plain decode's),
+``requests_per_token`` the workload's (costs.py).  That admits as many requests as finish; an open
+load below capacity admits fewer, as many as arrive per second (``per_token``), and then a mode is
+charged what its step stretches by, not its own prefills.
 Plain decode keeps requests that started together finishing together, so its prefills batch
 well only if it has been running since they started: its prefill figure is the one of its
 current stretch once that has seen a few requests.  Speculation scatters finishing times, so
@@ -22,7 +25,8 @@ plain steps one if speculation could win with 1.5x today's acceptance (after 4x 
 case, in case its costs are stale), and the same hopeful probe after ``reprobe_near`` plain steps
 when the batch drained and a new one began; none but the stale one while plain decode refills in
 waves (a probe would scatter them for good in a closed loop).  A probe speculates for at least
-``PROBE_ROWS`` request-steps before it is judged (its acceptance is measured, not guessed).  Hysteresis (``margin``), a lead averaged over ``persist``
+``PROBE_ROWS`` request-steps before it is judged (its acceptance is measured, not guessed), then
+stays only if speculation leads by the margin.  Hysteresis (``margin``), a lead averaged over ``persist``
 decisions and ``min_dwell`` stop flapping; where the modes tie, switches that reverse recent ones
 and probes the model turns back make the next one wait longer.  The end of a trial is judged
 without the margin, so a toss-up speculates, where speculation was timed at that batch size or
@@ -45,8 +49,28 @@ FLIP_WINDOW = 512  # decode steps: a switch this soon after the previous one rev
 MAX_FLIPS = 3  # ... and doubles the decisions the next switch must wait for, up to 2**3 times
 PROBES = ("probe", "recheck", "fresh")  # the reasons that start a speculative probe from plain decode
 PROBE_ROWS = 64  # request-steps a probe speculates at least before the model may end it (see _decide)
+PROBE_DECISIONS = 4  # ... and model decisions (no dwell): at bs 70 in a high phase of pair1z-rows34 a
+#                      probe's dwell and average took 23 steps of 52 ms where plain steps took 8
 REFILL_WAVE = 4.0  # plain decode's prefill batches admit this many requests on average, or more: its
 #                   refills come in waves, which a probe would scatter (see _probe_scatters)
+
+
+def per_token(step_s: float, tokens_per_step: float, prefill_s: float, rho: float, lam: float | None) -> float:
+    """Seconds per output token of a mode whose decode step takes ``step_s`` and yields
+    ``tokens_per_step``, with ``prefill_s`` per admitted request between steps.
+
+    Requests are admitted either as fast as they finish (a closed loop, or a queue: the
+    requests per token ``rho`` of every token made) or as fast as they arrive, ``lam`` per
+    wall second, whichever is fewer per step.  The second is what an open load below the
+    server's capacity does: at one request per second on the H200 pair, a lone speculating
+    request admits another about once in 140 steps, where refilling every finished one would
+    charge it its own prefill (~26 ms) over its ~60 tokens, 17 % of its TPOT, and made plain
+    decode look as fast at 2-3 requests as speculation, which was 1.3x faster there (pair1z-rows34).
+    With ``lam`` the step stretches to ``step_s / (1 - lam * prefill_s)``."""
+    refill = step_s / tokens_per_step + prefill_s * rho
+    if lam is None or lam * prefill_s >= 1.0:
+        return refill
+    return min(refill, step_s / ((1.0 - lam * prefill_s) * tokens_per_step))
 
 
 class GoodputArgs(PolicyArgs):
@@ -99,6 +123,7 @@ class Goodput:
         self._d_off: float | None = None  # ... and plain decode's
         self._c_on: float | None = None
         self._c_off: float | None = None
+        self._probe_judged = False  # a probe runs whose end the model has not judged yet
 
     # --- the model -------------------------------------------------------------------
     def seconds_per_token(self, x: StepInputs, accept: float | None = None) -> tuple[float, float, float] | None:
@@ -114,16 +139,22 @@ class Goodput:
         rho = v.requests_per_token()
         acc = max(accept if accept is not None else x.accept_length, 1.0)
         p_off, p_on = v.prefill_per_request(False), v.prefill_per_request(True, bs, acc)
+        # Speculation's prefills are never cheaper: the same forward plus the draft's extend, and
+        # finishing times it scatters.  Measured ratios are noisy (single batches vary by 2x).
+        p_on = max(p_on, p_off)
+        lam = v.arrivals_per_s
         free = d_off / bs
-        return d_on / (bs * acc) + p_on * rho, free + p_off * rho, free
+        return per_token(d_on, bs * acc, p_on, rho, lam), per_token(d_off, bs, p_off, rho, lam), free
 
     # --- the decision ----------------------------------------------------------------
     def decide(self, x: StepInputs) -> bool:
         d = self._decide(x)
         if d and not x.previous and self._why in PROBES:
             self._probe_rows_left = PROBE_ROWS
+            self._probe_judged = True
         elif not d:
             self._probe_rows_left = 0
+            self._probe_judged = False
         if d != x.previous:
             self._entry_bs = x.decode_bs
             self._reset_lead()  # a lead measured in the other mode is no evidence for this one
@@ -184,7 +215,7 @@ class Goodput:
         if x.new_load:
             self._flips = self._probe_misses = 0  # earlier flip-flops say nothing about a new load
         if x.new_load and prev is not False and rho > 0 and (
-                c_free < c_on or v.samples(False, x.decode_bs) < MIN_SAMPLES):
+                c_free < self._refilled_on(x, v, rho) or v.samples(False, x.decode_bs) < MIN_SAMPLES):
             # Plain decode could win if it batches the successors of this burst: only a stretch
             # of it from now on shows whether it does.  Also when plain decode was never timed at
             # this batch size: an estimate extrapolated from small batches (4.7 ms for a 3.6 ms
@@ -208,7 +239,8 @@ class Goodput:
             self._probe_rows_left -= x.decode_bs
             if self._probe_rows_left > 0:
                 return self._say(True, "probing", c)
-        if prev is not None and x.steps_in_mode < self.min_dwell and not self._batch_moved(x.decode_bs):
+        if prev is not None and x.steps_in_mode < self.min_dwell and not self._batch_moved(x.decode_bs) \
+                and not (prev and self._probe_judged):
             return self._say(prev, "dwell", c)
         g = c_off / c_on
         after_trial, self.after_trial = self.after_trial, False
@@ -260,6 +292,13 @@ class Goodput:
                 return self._say(True, "probe", c)  # dwell holds it min_dwell steps
         return self._say(False, why, c)
 
+    def _refilled_on(self, x: StepInputs, v, rho: float) -> float:
+        """Speculation's seconds per token with every finished request refilled: a burst's load,
+        whose arrival rate the moving average has not caught up with yet (it trails by ~1 s)."""
+        bs, acc = max(x.decode_bs, 1), max(x.accept_length, 1.0)
+        p_on = max(v.prefill_per_request(True, bs, acc), v.prefill_per_request(False))
+        return per_token(self._d_on, bs * acc, p_on, rho, None)
+
     def _hopeful(self, x: StepInputs) -> bool:
         """Whether speculation would win with REPROBE_ACCEPT_FACTOR x today's acceptance."""
         hopeful = self.seconds_per_token(x, x.accept_length * REPROBE_ACCEPT_FACTOR)
@@ -278,10 +317,19 @@ class Goodput:
         self._lead_n += 1
         self._lead += max(1.0 / self._lead_n, 1.0 / need) * (math.log(g) - self._lead)
         threshold = math.log(1.0 - self.margin) if prev else math.log(1.0 + self.margin)
+        judging = prev and self._probe_judged
+        if judging:
+            # A probe stays only if speculation leads by the margin: in a tie the incumbent's margin
+            # would keep a probe the model never asked for.  pair1z-rows34 (H200 pair): a near-tie
+            # probe at bs 40 in a high phase stayed in the tie for the rest of it, at 0.7x of plain.
+            threshold = math.log(1.0 + self.margin)
         toward = -1.0 if prev else 1.0  # the sign of ln(g) that favours the other mode
         other_leads = toward * (self._lead - threshold) > 0
-        clear = abs(self._lead) > 2.0 * abs(threshold)  # not a tie: a wrong mode is left at once
-        if other_leads and self._lead_n >= (self.persist if clear else need):
+        clear = judging or abs(self._lead) > 2.0 * abs(threshold)  # not a tie: a wrong mode is left at once
+        enough = PROBE_DECISIONS if judging else self.persist if clear else need
+        if judging and self._lead_n >= enough:
+            self._probe_judged = False  # judged: kept, or left just below
+        if other_leads and self._lead_n >= enough:
             return self._say(not prev, "model", c)
         # "persist": the average, or this decision alone, would switch; waiting for the average
         leaning = other_leads or toward * (math.log(g) - threshold) > 0
