@@ -307,7 +307,7 @@ class CostView:
             self.prefill = [0.0] * PREFILL_COUNTS
             self.per_request = (0.0, None)
             return
-        pts, counts = [], []
+        pts = []
         for b in range(NUM_BUCKETS):
             t, n, has = vec[3 * b : 3 * b + 3]
             if has > 0:
@@ -350,16 +350,19 @@ class CostView:
         decode's figure: it scatters finishing times, so each of its steps admits about the
         requests that finished in it (``refill_per_request``).  Plain decode's history holds the
         waves it keeps in step; lent to speculation it priced its prefills at ~4 ms per request
-        where they took ~16 (H200 pair, pair1t-row1, C=30: speculation chosen at 0.81x)."""
+        where they took ~16 (H200 pair, pair1t-row1, C=30: speculation chosen at 0.81x).
+
+        Speculation's figure is never below plain decode's: the same forward plus the draft's
+        extend, and finishing times it scatters; a lower measurement is noise (single batches
+        vary by 2x)."""
+        p_off = self.per_request[0]
         if not on:
-            return self.per_request[0]
+            return p_off
         p_on = self.per_request[1]
-        if p_on is not None:
-            return p_on
-        refill = self.refill_per_request(max(bs, 1) * max(accept, 1.0) * self.requests_per_token())
-        if refill is None:
-            return self.per_request[0] / self.mode_factor[0] * self.mode_factor[1]
-        return refill * self.mode_factor[1]
+        if p_on is None:
+            refill = self.refill_per_request(max(bs, 1) * max(accept, 1.0) * self.requests_per_token())
+            p_on = p_off / self.mode_factor[0] * self.mode_factor[1] if refill is None else refill * self.mode_factor[1]
+        return max(p_on, p_off)
 
     def refill_per_request(self, finished_per_step: float) -> float | None:
         """Seconds per request of the prefill batches that replace requests finishing at random,

@@ -126,8 +126,10 @@ class Goodput:
         self._probe_judged = False  # a probe runs whose end the model has not judged yet
 
     # --- the model -------------------------------------------------------------------
-    def seconds_per_token(self, x: StepInputs, accept: float | None = None) -> tuple[float, float, float] | None:
-        """(on, off, off with free prefills) seconds per output token at this step; None if unknown."""
+    def seconds_per_token(self, x: StepInputs, accept: float | None = None,
+                          open_load: bool = True) -> tuple[float, float, float] | None:
+        """(on, off, off with free prefills) seconds per output token at this step; None if unknown.
+        ``open_load=False``: every finished request refilled, whatever the arrival rate says."""
         v = x.costs
         if v is None:
             return None
@@ -139,10 +141,7 @@ class Goodput:
         rho = v.requests_per_token()
         acc = max(accept if accept is not None else x.accept_length, 1.0)
         p_off, p_on = v.prefill_per_request(False), v.prefill_per_request(True, bs, acc)
-        # Speculation's prefills are never cheaper: the same forward plus the draft's extend, and
-        # finishing times it scatters.  Measured ratios are noisy (single batches vary by 2x).
-        p_on = max(p_on, p_off)
-        lam = v.arrivals_per_s
+        lam = v.arrivals_per_s if open_load else None
         free = d_off / bs
         return per_token(d_on, bs * acc, p_on, rho, lam), per_token(d_off, bs, p_off, rho, lam), free
 
@@ -215,9 +214,11 @@ class Goodput:
         if x.new_load:
             self._flips = self._probe_misses = 0  # earlier flip-flops say nothing about a new load
         if x.new_load and prev is not False and rho > 0 and (
-                c_free < self._refilled_on(x, v, rho) or v.samples(False, x.decode_bs) < MIN_SAMPLES):
+                c_free < self.seconds_per_token(x, open_load=False)[0]
+                or v.samples(False, x.decode_bs) < MIN_SAMPLES):
             # Plain decode could win if it batches the successors of this burst: only a stretch
-            # of it from now on shows whether it does.  Also when plain decode was never timed at
+            # of it from now on shows whether it does (speculation charged as a refilled load: the
+            # arrival rate's ~1 s average trails a burst).  Also when plain decode was never timed at
             # this batch size: an estimate extrapolated from small batches (4.7 ms for a 3.6 ms
             # step at bs 10 in the H200 traces) must not rule it out.
             self.trial_left = min(self.trial_max, int(self.trial_lifetimes / rho) + 1)
@@ -291,13 +292,6 @@ class Goodput:
             if (not scatters and self._hopeful(x)) or x.steps_in_mode % (STALE_PROBE_FACTOR * self.reprobe) == 0:
                 return self._say(True, "probe", c)  # dwell holds it min_dwell steps
         return self._say(False, why, c)
-
-    def _refilled_on(self, x: StepInputs, v, rho: float) -> float:
-        """Speculation's seconds per token with every finished request refilled: a burst's load,
-        whose arrival rate the moving average has not caught up with yet (it trails by ~1 s)."""
-        bs, acc = max(x.decode_bs, 1), max(x.accept_length, 1.0)
-        p_on = max(v.prefill_per_request(True, bs, acc), v.prefill_per_request(False))
-        return per_token(self._d_on, bs * acc, p_on, rho, None)
 
     def _hopeful(self, x: StepInputs) -> bool:
         """Whether speculation would win with REPROBE_ACCEPT_FACTOR x today's acceptance."""
