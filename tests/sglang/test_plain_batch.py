@@ -212,6 +212,8 @@ def test_to_speculative_publishes_the_plain_lengths_and_resolves_the_plain_steps
     plain = RelayPayload(bonus_tokens=torch.tensor([41, 42]))
     with pytest.raises(AttributeError):
         type(fmap).stash(fmap, batch.req_pool_indices, plain)
+    # Known values in the speculative rows (the buffer starts as uninitialised memory, NaN included).
+    fmap.topk_p_buf.copy_(torch.arange(fmap.topk_p_buf.numel(), dtype=fmap.topk_p_buf.dtype).view_as(fmap.topk_p_buf))
     topk_before = fmap.topk_p_buf.clone()
     assert plain_batch.store(fmap, batch.req_pool_indices, plain)
     assert fmap.output_tokens_buf[batch.req_pool_indices].tolist() == [41, 42]
