@@ -509,13 +509,17 @@ def test_goodput_does_not_probe_where_plain_refills_are_batched():
 def test_goodput_probes_when_a_fresh_batch_begins_if_more_acceptance_could_win():
     # Plain decode 33 % ahead at acceptance 1.5 (break-even 2.0): no near-tie probe, and the hopeful
     # probe only after reprobe_every plain steps; but when the batch drained and a new one began
-    # (the workload may have changed: greedy after sampled requests), one after reprobe_near steps.
+    # (the workload may have changed: greedy after sampled requests), one after a quarter of
+    # reprobe_near steps (its requests are all new), not sooner than the dwell.
     v = view(lambda b: 10.0, lambda b: 5.0)
     p = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 10**6})
     x = dict(bs=1, prev=False, acc=1.5, samples=50, costs=v)
     assert p.decide(inputs(**x, dwell=64)) is False
-    assert p.decide(inputs(**x, dwell=63, fresh=True)) is False
-    assert p.decide(inputs(**x, dwell=64, fresh=True)) is True and p.explain()["why"] == "fresh"
+    assert p.decide(inputs(**x, dwell=15, fresh=True)) is False
+    assert p.decide(inputs(**x, dwell=16, fresh=True)) is True and p.explain()["why"] == "fresh"
+    d = build_policy("goodput", {"min_dwell": 24, "reprobe_near": 64, "reprobe_every": 10**6})
+    assert d.decide(inputs(**x, dwell=23, fresh=True)) is False
+    assert d.decide(inputs(**x, dwell=24, fresh=True)) is True
     # not where even 1.5x the acceptance would lose
     q = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 10**6})
     assert q.decide(inputs(**dict(x, acc=1.2), dwell=64, fresh=True)) is False

@@ -22,8 +22,8 @@ arrives and plain decode could win if it batches their successors well (the only
 that); after ``reprobe_near`` plain steps a short speculative probe if the modes are within two margins
 (acceptance is not measured while off; the dip that decided it may be gone); after ``reprobe_every``
 plain steps one if speculation could win with 1.5x today's acceptance (after 4x as long in any
-case, in case its costs are stale), and the same hopeful probe after ``reprobe_near`` plain steps
-when the batch drained and a new one began; none but the stale one while plain decode refills in
+case, in case its costs are stale), and the same hopeful probe after a quarter of ``reprobe_near``
+plain steps when the batch drained and a new one began; none but the stale one while plain decode refills in
 waves (a probe would scatter them for good in a closed loop).  A probe speculates for at least
 ``PROBE_ROWS`` request-steps before it is judged (its acceptance is measured, not guessed), then
 stays only if speculation leads by the margin.  Hysteresis (``margin``), a lead averaged over ``persist``
@@ -51,6 +51,9 @@ PROBES = ("probe", "recheck", "fresh")  # the reasons that start a speculative p
 PROBE_ROWS = 64  # request-steps a probe speculates at least before the model may end it (see _decide)
 PROBE_DECISIONS = 4  # ... and model decisions (no dwell): at bs 70 in a high phase of pair1z-rows34 a
 #                      probe's dwell and average took 23 steps of 52 ms where plain steps took 8
+FRESH_SHARE = 4  # a fresh batch's probe comes after this share of reprobe_near: its requests are all new,
+#                 so the acceptance learnt on earlier ones says little (pair2a-rows34, low0: 3 s of plain
+#                 decode on 1.93 learnt from other prompts, where the phase's greedy acceptance was 2.4)
 REFILL_WAVE = 4.0  # plain decode's prefill batches admit this many requests on average, or more: its
 #                   refills come in waves, which a probe would scatter (see _probe_scatters)
 
@@ -273,7 +276,8 @@ class Goodput:
             return self._say(True, "recheck", c)
         scatters = self._probe_scatters(v, x.decode_bs)
         near_every = self.reprobe_near << self._probe_misses
-        if x.fresh_batch and not scatters and x.steps_in_mode >= near_every and self._hopeful(x):
+        fresh_every = max(self.min_dwell, near_every // FRESH_SHARE)
+        if x.fresh_batch and not scatters and x.steps_in_mode >= fresh_every and self._hopeful(x):
             # The batch drained and a new one began: the workload may have changed with it (greedy after
             # sampled requests: pair1q-rows34 stayed plain through a low phase on an acceptance of 1.79
             # where greedy had 2.4).  A probe there costs a few small steps; backed off like the others.
