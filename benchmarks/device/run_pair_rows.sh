@@ -46,11 +46,13 @@
 # 600 at C=250 a level was 2.4 lockstep cohorts, and one refill stall moved it by several % (pair1h-*).
 # 8×C at C=250 is ~35 s per mode on the pair: row 1's eight levels no longer fit one call with the
 # build; split them (DYNSPEC_ROWS1_C), as pair1i-row1 + pair1i-hi-row1 did.  SGLang's default piecewise
-# CUDA graphs: DYNSPEC_ROWS_ARGS=--piecewise-cuda-graph (used since pair1i; ~18 s more per server start).
+# CUDA graphs are on by default here (DYNSPEC_ROWS_ARGS unset: --piecewise-cuda-graph, as in every row run since
+# pair1i; ~18 s more per server start): pair2a-rows34 ran without them by omission, and its eager prefills
+# (18-20 ms per admitted request) overloaded every mode's high phases. DYNSPEC_ROWS_ARGS= (empty) runs without.
 #   DYNSPEC_ROWS_END_S    the call's wall-time target: the harness deadline is this less DYNSPEC_ROWS_PACK_S [560]
 #   DYNSPEC_ROWS_PACK_S   seconds kept for stopping servers, packing and the report [20]
 #   DYNSPEC_ROWS_PREFIX   result names <prefix>-row1 / -rows34 / -row2 [pair1g]
-#   DYNSPEC_ROWS_PORT     harness base port [30000];  DYNSPEC_ROWS_ARGS  extra harness arguments (word-split)
+#   DYNSPEC_ROWS_PORT     harness base port [30000];  DYNSPEC_ROWS_ARGS  extra harness arguments (word-split) [--piecewise-cuda-graph]
 #   DYNSPEC_ROWS_MODES    swept modes [off,on,dynspec:goodput; row2: off,on@topk4,dynspec:goodput@topk4]
 #   DYNSPEC_ROWS_NEED_GPUS GPUs torch must see [1] (0 for a CPU dry run with fake servers)
 #   DYNSPEC_PAIR_DIR      the pair [<repo>/.pair/pair];  DYNSPEC_PAIR_REUSE [1]
@@ -108,7 +110,7 @@ sweep() {
   # shellcheck disable=SC2086  # DYNSPEC_ROWS_ARGS is word-split on purpose
   DYNSPEC_PAIR_NAME=$NAME DYNSPEC_PAIR_END_S=$(left) DYNSPEC_PACK_FILES="${DYNSPEC_PACK_FILES:-} $console" \
     bash "$REPO/benchmarks/device/run_pair.sh" --base-port "${DYNSPEC_ROWS_PORT:-30000}" --level-order level \
-    "$@" ${DYNSPEC_ROWS_ARGS:-} 2>&1 | tee "$console"
+    "$@" ${DYNSPEC_ROWS_ARGS---piecewise-cuda-graph} 2>&1 | tee "$console"
   return "${PIPESTATUS[0]}"
 }
 
