@@ -1,8 +1,10 @@
 """Generate the README's performance table from committed sweep / pair / trace results.
 
-One row per dynspec mode of each run in which the plugin reported (stats): its output tok/s divided by the best static mode's
-(`ratio_to_best_static`, the PNG's lower panel) at every measured concurrency, the lowest of
-them, and whether the ≥ 0.97× goal holds at every C that ran.
+One row per dynspec mode of each run in which the plugin reported (stats): the GPU, its output tok/s
+divided by the best static mode's (`ratio_to_best_static`, the PNG's lower panel) at every measured
+concurrency, the lowest of them, and whether the ≥ 0.97× goal holds at every C that ran.  A level
+where one of the run's static modes has no result (its server died, a deadline) names it: the ratio
+there is not to the best static mode, so it counts for neither the lowest nor the goal.
 
     python benchmarks/perf_table.py            # print the table
     python benchmarks/perf_table.py --write    # replace it in README.md
@@ -60,20 +62,46 @@ def rows(results: Path = RESULTS) -> list[dict]:
             by_c = {c: r for c, r in (ratios.get(mode) or {}).items() if r is not None}
             if not by_c:
                 continue
+            missing = {c: _missing_statics(d, c) for c in by_c}
+            complete = [r for c, r in by_c.items() if not missing[c]]
             out.append({"file": f.name, "model": _model(d), "sglang": d.get("sglang_version"), "tp": _tp(d),
-                        "mode": mode, "ratios": by_c, "min": min(by_c.values())})
+                        "gpu": _gpu(d), "mode": mode, "ratios": by_c, "missing": missing,
+                        "min": min(complete) if complete else None})
     return out
 
 
+def _gpu(record: dict) -> str:
+    name = (record.get("gpu") or "").removeprefix("NVIDIA ").split()
+    return name[0] if name else "–"
+
+
+def _missing_statics(record: dict, level: str) -> list[str]:
+    """The run's static modes without a result at this level (a server that died, a deadline): the
+    ratio there is to the static modes that did run, not to the best of them."""
+    ratios = record.get("ratio_to_best_static") or {}
+    return [m for m in record.get("modes") or {}
+            if not m.startswith("dynspec:") and (ratios.get(m) or {}).get(level) is None]
+
+
 def table(results: Path = RESULTS) -> str:
-    lines = [f"| run | model | SGLang, TP | mode | dynspec ÷ best static, by C | lowest | ≥ {GOAL}× at every C |",
-             "|---|---|---|---|---|---:|---|"]
+    lines = [f"| run | model | GPU | SGLang, TP | mode | dynspec ÷ best static, by C | lowest | ≥ {GOAL}× at every C |",
+             "|---|---|---|---|---|---|---:|---|"]
     for r in rows(results):
-        cells = ", ".join(f"{c}: {r['ratios'][c]:.2f}" for c in sorted(r["ratios"], key=level_key))
-        met = "yes" if r["min"] >= GOAL else "no"
-        lines.append(f"| `{r['file']}` | {r['model']} | {r['sglang']}, {r['tp']} | `{r['mode']}` | {cells} | "
-                     f"{r['min']:.2f} | {met} |")
+        cells = ", ".join(_cell(r, c) for c in sorted(r["ratios"], key=level_key))
+        if r["min"] is None:
+            lowest, met = "–", "no level with every static mode"
+        else:
+            lowest = f"{r['min']:.2f}"
+            met = "yes" if r["min"] >= GOAL and not any(r["missing"].values()) else "no"
+        lines.append(f"| `{r['file']}` | {r['model']} | {r['gpu']} | {r['sglang']}, {r['tp']} | `{r['mode']}` | "
+                     f"{cells} | {lowest} | {met} |")
     return "\n".join(lines)
+
+
+def _cell(row: dict, level: str) -> str:
+    cell = f"{level}: {row['ratios'][level]:.2f}"
+    missing = row["missing"][level]
+    return f"{cell} (no {', '.join(missing)})" if missing else cell
 
 
 def main(argv=None) -> int:

@@ -55,6 +55,8 @@
 #   DYNSPEC_ROWS_PORT     harness base port [30000];  DYNSPEC_ROWS_ARGS  extra harness arguments (word-split) [--piecewise-cuda-graph]
 #   DYNSPEC_ROWS_MODES    swept modes [off,on,dynspec:goodput; row2: off,on@topk4,dynspec:goodput@topk4]
 #   DYNSPEC_ROWS_NEED_GPUS GPUs torch must see [1] (0 for a CPU dry run with fake servers)
+#   DYNSPEC_ROWS_GIB_PER_SERVER GPU memory one server of the pair takes [27]: fewer GiB than modes x this on
+#                         GPU 0 refuses the call at once (an H100's 79 GiB holds two, an H200's 139 five)
 #   DYNSPEC_PAIR_DIR      the pair [<repo>/.pair/pair];  DYNSPEC_PAIR_REUSE [1]
 #   row1:   DYNSPEC_ROWS1_C [1,2,5,10,30,70,100,250], DYNSPEC_ROWS1_MIN_REQ [32], DYNSPEC_ROWS1_MAX_REQ [2000],
 #           DYNSPEC_ROWS1_ACCEPT_T accept-pass temperatures of `on` [0] (empty: no pass)
@@ -95,6 +97,18 @@ need=${DYNSPEC_ROWS_NEED_GPUS:-1}
 if [ "$need" -gt 0 ]; then
   n=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
   if [ "$n" -lt "$need" ]; then echo "run_pair_rows.sh: needs $need GPU(s), torch sees $n" >&2; exit 2; fi
+  # The servers of a row run side by side on GPU 0. On an H100 (79 GiB) three pair servers with piecewise
+  # graphs took 24-28 GiB each and `on` died of OOM mid-run (pair2b-rows34): refuse at once instead.
+  if [ "$ROW" = row2 ]; then modes=${DYNSPEC_ROWS_MODES:-off,on@topk4,dynspec:goodput@topk4}
+  else modes=${DYNSPEC_ROWS_MODES:-off,on,dynspec:goodput}; fi
+  nmodes=$(awk -F, '{ print NF }' <<<"$modes")
+  per=${DYNSPEC_ROWS_GIB_PER_SERVER:-27}
+  gib=$(python3 -c 'import torch; print(int(torch.cuda.get_device_properties(0).total_memory / 2**30))' 2>/dev/null || echo 0)
+  if [ "$gib" -lt $(( nmodes * per )) ]; then
+    echo "run_pair_rows.sh: $nmodes servers (DYNSPEC_ROWS_MODES=$modes) need ~$(( nmodes * per )) GiB" \
+         "(DYNSPEC_ROWS_GIB_PER_SERVER=$per), GPU 0 has $gib GiB: run fewer modes per call" >&2
+    exit 2
+  fi
 fi
 
 export OUT DYNSPEC_TRACE=${DYNSPEC_TRACE:-1} DYNSPEC_PAIR_SIDE=logs DYNSPEC_PAIR_REUSE=${DYNSPEC_PAIR_REUSE:-1}

@@ -124,17 +124,30 @@ def test_perf_table_rows_from_result_files(tmp_path):
         return {"kind": kind, "sglang_version": "0.5.12", "padded": True, "flags": flags,
                 "modes": {"off": {}, "on": {}, "dynspec:goodput": {}},
                 "server_stats": {"dynspec:goodput": {"dynspec_stats": {"steps_off": 5}} if stats else {}},
-                "ratio_to_best_static": {"dynspec:goodput": ratios}}
+                "ratio_to_best_static": {"dynspec:goodput": ratios, "off": {c: 1.0 for c in ratios},
+                                         "on": {c: 0.9 for c in ratios}}}
 
     (tmp_path / "a.json").write_text(json.dumps(rec("pair", {"10": 0.98, "2": 0.97, "250": 1.01})))
     (tmp_path / "b.json").write_text(json.dumps(rec("sweep", {"1": 0.5}, tp=2)))
     (tmp_path / "c.json").write_text(json.dumps(rec("sweep", {"1": 0.9}, stats=False)))  # plugin absent
     (tmp_path / "d.json").write_text(json.dumps({"kind": "fuzz"}))
+    # A static server that died at C=2 (pair2b-rows34: `on` OOM on an H100): that level's ratio is to
+    # `off` alone, so it is named and counts for neither the lowest nor the goal.
+    died = rec("pair", {"1": 0.99, "2": 0.8})
+    died["ratio_to_best_static"].update({"off": {"1": 0.9, "2": 1.0}, "on": {"1": 1.0}})
+    died["gpu"] = "NVIDIA H100 80GB HBM3"
+    (tmp_path / "e.json").write_text(json.dumps(died))
+    only = rec("pair", {"2": 0.8})
+    only["ratio_to_best_static"].update({"off": {"2": 1.0}, "on": {}})
+    (tmp_path / "f.json").write_text(json.dumps(only))
     rows = perf_table.rows(tmp_path)
-    assert [(r["file"], r["tp"], r["min"]) for r in rows] == [("a.json", 1, 0.97), ("b.json", 2, 0.5)]
+    assert [(r["file"], r["tp"], r["min"]) for r in rows] == [
+        ("a.json", 1, 0.97), ("b.json", 2, 0.5), ("e.json", 1, 0.99), ("f.json", 1, None)]
     lines = perf_table.table(tmp_path).splitlines()
     assert "2: 0.97, 10: 0.98, 250: 1.01" in lines[2] and lines[2].endswith("| yes |")
     assert lines[3].endswith("| no |") and "0.5.12, 2" in lines[3]
+    assert "| H100 |" in lines[4] and "1: 0.99, 2: 0.80 (no on) | 0.99 | no |" in lines[4]
+    assert "2: 0.80 (no on) | – | no level with every static mode |" in lines[5]
     # The block helper refuses a README without markers and rewrites only between them.
     readme = tmp_path / "README.md"
     readme.write_text("head\n<!-- t:start -->\nold\n<!-- t:end -->\ntail\n")
