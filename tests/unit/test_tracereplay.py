@@ -443,3 +443,21 @@ def test_speculation_in_an_open_high_phase_is_left_and_not_probed():
     # the low phases between: speculation at one request
     low = [s for s in row4 if 15 < s.t - t0 < 20 and s.bs == 1]
     assert len(low) > 100 and all(s.decided for s in low)
+
+
+def test_the_first_fresh_batch_of_a_low_phase_is_probed_at_once():
+    """H200, SGLang 0.5.12, pair2a-rows34 (commit 86eb720), row 4's first low phase (1 request/s,
+    greedy): the greedy acceptance the server held (1.93) came from the harness's correctness
+    requests, other prompts at bs 8, and it ran plain decode for the phase's first 3.0 s until a
+    fresh-batch probe after reprobe_near plain steps measured ~2.4 (goodput's TPOT p50 there 1.17x
+    `on`'s).  A fresh batch is all new requests: the policy now probes at the phase's first one."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _goodput_trace(RESULTS / "pair2a-rows34-logs.tar.xz")
+    row4 = redrive(rows, "goodput", follow=True).runs()[-1]
+    t0 = row4[0].t
+    low0 = [s for s in row4 if s.t - t0 < 8.0]
+    first_recorded = next(s.t - t0 for s in low0 if s.recorded)
+    assert first_recorded > 2.5  # what the server did
+    first = next(s for s in low0 if s.decided)
+    assert first.t - t0 < 0.1 and first.why == "fresh"
