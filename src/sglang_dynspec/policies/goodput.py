@@ -51,7 +51,7 @@ PROBES = ("probe", "recheck", "fresh")  # the reasons that start a speculative p
 PROBE_ROWS = 64  # request-steps a probe speculates at least before the model may end it (see _decide)
 PROBE_DECISIONS = 4  # ... and model decisions (no dwell): at bs 70 in a high phase of pair1z-rows34 a
 #                      probe's dwell and average took 23 steps of 52 ms where plain steps took 8
-FRESH_SHARE = 4  # a fresh batch's probe comes after this share of reprobe_near: its requests are all new,
+FRESH_SHARE = 4  # a fresh batch's probe waits reprobe_near / FRESH_SHARE plain steps: its requests are all new,
 #                 so the acceptance learnt on earlier ones says little (pair2a-rows34, low0: 3 s of plain
 #                 decode on 1.93 learnt from other prompts, where the phase's greedy acceptance was 2.4)
 REFILL_WAVE = 4.0  # plain decode's prefill batches admit this many requests on average, or more: its
