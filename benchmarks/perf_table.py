@@ -20,9 +20,11 @@ from pathlib import Path
 # Imported as benchmarks.perf_table (tests) or run as a file, whose folder is then on sys.path.
 try:
     from . import readme_block
+    from .dynspec_bench.phase_summary import is_static
     from .report import level_key
 except ImportError:
     import readme_block
+    from dynspec_bench.phase_summary import is_static
     from report import level_key
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -80,7 +82,7 @@ def _missing_statics(record: dict, level: str) -> list[str]:
     ratio there is to the static modes that did run, not to the best of them."""
     ratios = record.get("ratio_to_best_static") or {}
     return [m for m in record.get("modes") or {}
-            if not m.startswith("dynspec:") and (ratios.get(m) or {}).get(level) is None]
+            if is_static(m) and (ratios.get(m) or {}).get(level) is None]
 
 
 def table(results: Path = RESULTS) -> str:
