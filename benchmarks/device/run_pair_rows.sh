@@ -9,7 +9,7 @@
 #           static `on` modes only: the dynspec server never serves it, so its cost tables start clean).
 #   rows34  (3) closed loop at C = 1,10,100, output lengths uniform 32..512 (seeded, the same for every
 #           mode), temperature 0.7, 8×C requests (at most 800); (4) then the open-loop trace, greedy, lengths
-#           32..256: 3 cycles of LOW 2 req/s and HIGH 50 req/s, 10 s phases (shrunk to fit the deadline, not
+#           32..256: 3 cycles of LOW 1 req/s and HIGH 40 req/s, 10 s phases (shrunk to fit the deadline, not
 #           below 6 s; skipped, and recorded, when even that does not fit: row 3 comes first).
 #   row2    SGLang 0.5.15 (its own bundle and unpack, not a warm machine's 0.5.12): if asked
 #           (DYNSPEC_ROWS2_PYTEST_ARGS, off by default: see below), the GPU tests (tests/gpu via

@@ -219,6 +219,15 @@ class PrefillMeter:
             self.stretch_req[m] += requests
             self.stretch_batches[m] += 1.0
 
+    def new_load(self) -> None:
+        """A burst of new requests began another load: forget each mode's own batch times, which
+        were taken with other prompts and another decode batch around them (``_mode_factors``).
+        The shared table and the batching figures stay."""
+        n = NUM_BUCKETS
+        self.mode_time = [[0.0] * n, [0.0] * n]
+        self.mode_count = [[0] * n, [0] * n]
+        self._mode_recent = [[[] for _ in range(n)], [[] for _ in range(n)]]
+
     def new_stretch(self, on: bool | None = None) -> None:
         """Forget the stretch figures of one mode (None: both)."""
         for m in ((0, 1) if on is None else (1 if on else 0,)):
@@ -500,7 +509,10 @@ def _mode_factors(vec: Sequence[float], ranks: int) -> list[float]:
     priced plain decode's prefills at speculation's in the high phases, where the policy then
     speculated at 0.6-0.7x.  Earlier builds measured 1.0-1.4x.  Medians, because single batches
     vary by 2x; sizes both modes ran, because the table's sizes are one mode's or the other's.
-    At least 1.0: the same forward plus more work is never cheaper, so a lower median is noise."""
+    At least 1.0: the same forward plus more work is never cheaper, so a lower median is noise.
+    Batches of the current load only (``PrefillMeter.new_load``): on an H100 (pair2c-rows34)
+    speculation's one-request prefills of a low phase, 1.5x plain decode's of the high phase after
+    it, priced its prefills there where within the phase both cost ~10.5 ms per request."""
     num = den = share = weight = 0.0
     for b in range(NUM_BUCKETS):
         on_share, t0, has0, c0, t1, has1, c1 = vec[7 * b : 7 * b + 7]
