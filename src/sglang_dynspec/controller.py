@@ -201,7 +201,6 @@ class Controller:
         new_load = grew >= NEW_LOAD_MIN_ROWS and grew >= NEW_LOAD_SHARE * decode_bs
         if new_load:
             self.prefill.new_stretch(None)
-            self.prefill.new_load()
         if rows:
             self.prefill.admit(rows, now)
         charged_to: bool | None = None

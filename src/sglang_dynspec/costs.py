@@ -219,15 +219,6 @@ class PrefillMeter:
             self.stretch_req[m] += requests
             self.stretch_batches[m] += 1.0
 
-    def new_load(self) -> None:
-        """A burst of new requests began another load: forget each mode's own batch times, which
-        were taken with other prompts and another decode batch around them (``_mode_factors``).
-        The shared table and the batching figures stay."""
-        n = NUM_BUCKETS
-        self.mode_time = [[0.0] * n, [0.0] * n]
-        self.mode_count = [[0] * n, [0] * n]
-        self._mode_recent = [[[] for _ in range(n)], [[] for _ in range(n)]]
-
     def new_stretch(self, on: bool | None = None) -> None:
         """Forget the stretch figures of one mode (None: both)."""
         for m in ((0, 1) if on is None else (1 if on else 0,)):
@@ -510,9 +501,10 @@ def _mode_factors(vec: Sequence[float], ranks: int) -> list[float]:
     speculated at 0.6-0.7x.  Earlier builds measured 1.0-1.4x.  Medians, because single batches
     vary by 2x; sizes both modes ran, because the table's sizes are one mode's or the other's.
     At least 1.0: the same forward plus more work is never cheaper, so a lower median is noise.
-    Batches of the current load only (``PrefillMeter.new_load``): on an H100 (pair2c-rows34)
-    speculation's one-request prefills of a low phase, 1.5x plain decode's of the high phase after
-    it, priced its prefills there where within the phase both cost ~10.5 ms per request."""
+    Not restarted with each load: a high phase's first decision after its plain trial has no
+    speculative batch of that load, and pricing speculation's at plain decode's there speculated
+    into 18 ms per request against 10 (H100, pair2d-rows34, 1.8x `off`'s TPOT).  The cost is that a
+    ratio from one-request batches of a low phase can overprice them (pair2c-rows34's first high phase)."""
     num = den = share = weight = 0.0
     for b in range(NUM_BUCKETS):
         on_share, t0, has0, c0, t1, has1, c1 = vec[7 * b : 7 * b + 7]

@@ -653,39 +653,6 @@ def test_each_mode_prefill_ratio_to_a_line_through_both_modes_batches():
     for _ in range(3):
         m2.observe(True, 0.030, 1)
     assert CostView.from_table(CostTable(), m2).mode_factor == [1.0, 1.0]
-    # a new load compares only its own batches: the ratio is gone, the shared table stays
-    m.new_load()
-    assert CostView.from_table(CostTable(), m).mode_factor == [1.0, 1.0]
-    assert CostView.from_table(CostTable(), m).batch_seconds(1) == pytest.approx(0.014 * 1.25, rel=0.25)
-    for _ in range(3):
-        m.observe(False, 0.010, 1)
-        m.observe(True, 0.011, 1)
-    off, on = CostView.from_table(CostTable(), m).mode_factor
-    assert on / off == pytest.approx(1.1, rel=0.02)
-
-
-def test_a_burst_restarts_the_comparison_of_the_modes_prefills():
-    """Speculation's prefills of one request while it ran a low phase alone (an idle server between
-    arrivals) against plain decode's in the high phase after it made speculation's prefills look 1.5x
-    plain decode's, where within the high phase they cost the same (H100 pair, pair2c-rows34)."""
-    clock = Clock()
-    c = Controller(Scripted(lambda x: x.step < 30), clock=clock, sync_interval=1)
-
-    def serve(bs: int, steps: int, admit: int, prefill_s: float) -> None:
-        for k in range(steps):
-            c.on_decode(bs)
-            clock.t += 0.006
-            if admit and k % 2 == 0:
-                c.on_other(admit)
-                clock.t += prefill_s
-
-    serve(1, 30, 1, 0.015)  # speculating, one request at a time
-    serve(1, 10, 1, 0.010)  # plain: one request costs 10 ms
-    assert c.view.mode_factor[1] / c.view.mode_factor[0] > 1.3  # the low phase's own comparison
-    c.on_other(20)  # a burst: the batch grows from 1 to 21
-    clock.t += 0.050
-    serve(21, 20, 1, 0.010)
-    assert c.view.mode_factor == [1.0, 1.0]  # speculation has no prefill of this load yet
 
 
 def test_the_arrival_rate_counts_idle_time():
