@@ -4,7 +4,8 @@ One row per dynspec mode of each run in which the plugin reported (stats): the G
 divided by the best static mode's (`ratio_to_best_static`, the PNG's lower panel) at every measured
 concurrency, the lowest of them, and whether the ≥ 0.97× goal holds at every C that ran.  A level
 where one of the run's static modes has no result (its server died, a deadline) names it: the ratio
-there is not to the best static mode, so it counts for neither the lowest nor the goal.
+there is not to the best static mode, so it counts for neither the lowest nor the goal; nor does a
+closed-loop level where a mode ran fewer than 8×C requests (its cell says how many).
 
     python benchmarks/perf_table.py            # print the table
     python benchmarks/perf_table.py --write    # replace it in README.md
@@ -29,6 +30,7 @@ except ImportError:
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 GOAL = 0.97
+REQUESTS_PER_C = 8  # a closed-loop level measures with 8×C requests per mode or more (the developers' guide)
 
 
 def _tp(record: dict) -> int:
@@ -65,9 +67,10 @@ def rows(results: Path = RESULTS) -> list[dict]:
             if not by_c:
                 continue
             missing = {c: _missing_statics(d, c) for c in by_c}
-            complete = [r for c, r in by_c.items() if not missing[c]]
+            few = {c: _fewest_requests(d, c) for c in by_c}
+            complete = [r for c, r in by_c.items() if not missing[c] and few[c] is None]
             out.append({"file": f.name, "model": _model(d), "sglang": d.get("sglang_version"), "tp": _tp(d),
-                        "gpu": _gpu(d), "mode": mode, "ratios": by_c, "missing": missing,
+                        "gpu": _gpu(d), "mode": mode, "ratios": by_c, "missing": missing, "few": few,
                         "min": min(complete) if complete else None})
     return out
 
@@ -85,6 +88,20 @@ def _missing_statics(record: dict, level: str) -> list[str]:
             if is_static(m) and (ratios.get(m) or {}).get(level) is None]
 
 
+def _fewest_requests(record: dict, level: str) -> int | None:
+    """The fewest requests a mode ran at closed-loop level ``level`` when below REQUESTS_PER_C × C
+    (None: enough, or not a closed-loop level).  A level of one request per mode (row 3's C=1 when a
+    call has no time for more) is no measurement: it counts for neither the lowest nor the goal."""
+    if not level.isdigit():
+        return None
+    counts = [((m or {}).get(level) or {}).get("requests") for m in (record.get("modes") or {}).values()]
+    counts = [n for n in counts if isinstance(n, int)]
+    if not counts:
+        return None
+    fewest = min(counts)
+    return fewest if fewest < REQUESTS_PER_C * int(level) else None
+
+
 def table(results: Path = RESULTS) -> str:
     lines = [f"| run | model | GPU | SGLang, TP | mode | dynspec ÷ best static, by C | lowest | ≥ {GOAL}× at every C |",
              "|---|---|---|---|---|---|---:|---|"]
@@ -94,7 +111,8 @@ def table(results: Path = RESULTS) -> str:
             lowest, met = "–", "no level with every static mode"
         else:
             lowest = f"{r['min']:.2f}"
-            met = "yes" if r["min"] >= GOAL and not any(r["missing"].values()) else "no"
+            met = "yes" if r["min"] >= GOAL and not any(r["missing"].values()) \
+                and all(n is None for n in r["few"].values()) else "no"
         lines.append(f"| `{r['file']}` | {r['model']} | {r['gpu']} | {r['sglang']}, {r['tp']} | `{r['mode']}` | "
                      f"{cells} | {lowest} | {met} |")
     return "\n".join(lines)
@@ -103,7 +121,10 @@ def table(results: Path = RESULTS) -> str:
 def _cell(row: dict, level: str) -> str:
     cell = f"{level}: {row['ratios'][level]:.2f}"
     missing = row["missing"][level]
-    return f"{cell} (no {', '.join(missing)})" if missing else cell
+    if missing:
+        return f"{cell} (no {', '.join(missing)})"
+    few = row["few"][level]
+    return f"{cell} ({few} req)" if few is not None else cell
 
 
 def main(argv=None) -> int:

@@ -140,14 +140,20 @@ def test_perf_table_rows_from_result_files(tmp_path):
     only = rec("pair", {"2": 0.8})
     only["ratio_to_best_static"].update({"off": {"2": 1.0}, "on": {}})
     (tmp_path / "f.json").write_text(json.dumps(only))
+    # Row 3's C=1 with one request per mode (pair2c-rows34): no measurement; a trace level has no C
+    short = rec("pair", {"1": 0.93, "10": 0.99, "trace": 1.0})
+    short["modes"] = {m: {"1": {"requests": n}, "10": {"requests": 80}, "trace": {"requests": 9}}
+                      for m, n in (("off", 1), ("on", 1), ("dynspec:goodput", 8))}
+    (tmp_path / "g.json").write_text(json.dumps(short))
     rows = perf_table.rows(tmp_path)
     assert [(r["file"], r["tp"], r["min"]) for r in rows] == [
-        ("a.json", 1, 0.97), ("b.json", 2, 0.5), ("e.json", 1, 0.99), ("f.json", 1, None)]
+        ("a.json", 1, 0.97), ("b.json", 2, 0.5), ("e.json", 1, 0.99), ("f.json", 1, None), ("g.json", 1, 0.99)]
     lines = perf_table.table(tmp_path).splitlines()
     assert "2: 0.97, 10: 0.98, 250: 1.01" in lines[2] and lines[2].endswith("| yes |")
     assert lines[3].endswith("| no |") and "0.5.12, 2" in lines[3]
     assert "| H100 |" in lines[4] and "1: 0.99, 2: 0.80 (no on) | 0.99 | no |" in lines[4]
     assert "2: 0.80 (no on) | – | no level with every static mode |" in lines[5]
+    assert "1: 0.93 (1 req), 10: 0.99, trace: 1.00 | 0.99 | no |" in lines[6]
     # The block helper refuses a README without markers and rewrites only between them.
     readme = tmp_path / "README.md"
     readme.write_text("head\n<!-- t:start -->\nold\n<!-- t:end -->\ntail\n")
