@@ -406,6 +406,14 @@ class CostView:
                 est = floor
         return est if est is not None and est > 0 else None
 
+    def timed_around(self, on: bool, bs: int) -> bool:
+        """Whether that mode's estimate at ``bs`` rests on measurement: its bucket was timed, or
+        buckets below and above it were (the fit then interpolates between sizes it saw)."""
+        m = 1 if on else 0
+        b = bucket(min(bs, MAX_BS))
+        timed = [k for k in range(NUM_BUCKETS) if self.count[m][k] >= MIN_SAMPLES]
+        return b in timed or (any(k < b for k in timed) and any(k > b for k in timed))
+
     def speculation_extrapolated(self, bs: int) -> bool:
         """Whether ``bs`` lies far above the largest batch speculation was timed at (more than
         FAR_BEYOND times it), where its estimate is a fit or floor carried well past what was

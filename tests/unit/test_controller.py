@@ -655,6 +655,21 @@ def test_each_mode_prefill_ratio_to_a_line_through_both_modes_batches():
     assert CostView.from_table(CostTable(), m2).mode_factor == [1.0, 1.0]
 
 
+def test_an_estimate_is_timed_around_a_batch_between_two_timed_sizes():
+    from sglang_dynspec.costs import MIN_SAMPLES, CostTable, CostView
+
+    t = CostTable()
+    for _ in range(MIN_SAMPLES):
+        t.observe(False, 1, 0.0035)
+        t.observe(False, 8, 0.0040)
+        t.observe(True, 4, 0.0060)
+    t.observe(False, 5, 0.0038)  # one sample: not timed
+    v = CostView.from_table(t)
+    assert v.timed_around(False, 8) and v.timed_around(False, 5) and v.timed_around(False, 2)
+    assert not v.timed_around(False, 10)  # beyond the largest timed size
+    assert v.timed_around(True, 4) and not v.timed_around(True, 2) and not v.timed_around(True, 5)
+
+
 def test_the_arrival_rate_counts_idle_time():
     from sglang_dynspec.costs import PrefillMeter
 

@@ -467,6 +467,25 @@ def test_speculations_prefill_ratio_from_an_earlier_load_keeps_a_high_phase_plai
     assert not res.steps[i + 8].decided
 
 
+def test_no_plain_trial_where_plain_decode_is_timed_below_and_above_the_batch():
+    """H100, SGLang 0.5.15, topk 4 / 16 draft tokens, pair2e-row2 (commit 170f8a7), C=5: plain decode
+    had been timed at bs 1 and 8 but had one sample at bs 5, and that alone started a plain trial of
+    173 steps, 2.24 s of the level's 4.5 s, where speculation led by 1.37x even against plain decode
+    with free prefills (0.927x of `on@topk4`; every row-2 run, H200 or H100, had `on@topk4` 1.16-1.56x
+    `off` at C=5).  An estimate between timed sizes is an interpolation: no trial for it.  Above the
+    largest timed size (C=30 here) the trial stays: an extrapolated plain step was 1.3x too slow in the
+    H200 traces."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _goodput_trace(RESULTS / "pair2e-row2-logs.tar.xz")
+    res = redrive(rows, "goodput", follow=True)
+    c5 = next(i for i, r in enumerate(rows) if r["bs"] == 5 and r["why"] == "trial")
+    c30 = next(i for i, r in enumerate(rows) if r["bs"] == 30)
+    assert rows[c5 + 150]["why"] == "trial" and not rows[c5 + 150]["on"]  # what the server did
+    assert res.steps[c5].decided and res.steps[c5].why == "model"
+    assert rows[c30]["why"] == "trial" and res.steps[c30].why == "trial" and not res.steps[c30].decided
+
+
 def test_the_first_fresh_batch_of_a_low_phase_is_probed_at_once():
     """H200, SGLang 0.5.12, pair2a-rows34 (commit 86eb720), row 4's first low phase (1 request/s,
     greedy): the greedy acceptance the server held (1.93) came from the harness's correctness

@@ -39,7 +39,7 @@ import math
 
 from pydantic import Field
 
-from ..costs import MIN_SAMPLES, STRETCH_MIN_REQUESTS
+from ..costs import STRETCH_MIN_REQUESTS
 from .base import PolicyArgs, StepInputs, parse_args
 
 REPROBE_ACCEPT_FACTOR = 1.5  # a probe is worth it only if this much more acceptance would win
@@ -218,12 +218,14 @@ class Goodput:
             self._flips = self._probe_misses = 0  # earlier flip-flops say nothing about a new load
         if x.new_load and prev is not False and rho > 0 and (
                 c_free < self.seconds_per_token(x, open_load=False)[0]
-                or v.samples(False, x.decode_bs) < MIN_SAMPLES):
+                or not v.timed_around(False, x.decode_bs)):
             # Plain decode could win if it batches the successors of this burst: only a stretch
             # of it from now on shows whether it does (speculation charged as a refilled load: the
             # arrival rate's ~1 s average trails a burst).  Also when plain decode was never timed at
-            # this batch size: an estimate extrapolated from small batches (4.7 ms for a 3.6 ms
-            # step at bs 10 in the H200 traces) must not rule it out.
+            # this batch size or above it: an estimate extrapolated from small batches (4.7 ms for a
+            # 3.6 ms step at bs 10 in the H200 traces) must not rule it out.  Between timed sizes it
+            # interpolates (pair2e-row2, C=5: a trial for bs 5 after bs 1 and 8, 2.2 s of 4.5, where
+            # speculation led by 1.37x).
             self.trial_left = min(self.trial_max, int(self.trial_lifetimes / rho) + 1)
             self.trial_steps = 0
         if self.trial_left > 0:
