@@ -255,7 +255,7 @@ class CostView:
     extrapolated to batches larger than any it ran at (see ``estimate``)."""
 
     __slots__ = ("time", "count", "mean_bs", "fit", "version", "prefill", "batch_points", "batch_fit", "per_request",
-                 "verify_rows", "on_top", "mode_factor", "arrivals_per_s")
+                 "verify_rows", "timed_span", "mode_factor", "arrivals_per_s")
 
     def __init__(self, summed: Sequence[float] | None, version: int = 0, ranks: int = 1,
                  verify_rows: int | None = None):
@@ -374,9 +374,14 @@ class CostView:
         return self._per_request(n)
 
     def _derive(self) -> None:
-        """What every estimate reads, once per view: the fits, and speculation's largest timed bucket."""
+        """What every estimate reads, once per view: the fits, and each mode's smallest and largest
+        timed bucket (None: none timed)."""
         self.fit = [self._fit(0), self._fit(1)]
-        self.on_top = max((b for b in range(NUM_BUCKETS) if self.count[1][b] >= MIN_SAMPLES), default=None)
+        self.timed_span = [self._span(0), self._span(1)]
+
+    def _span(self, m: int) -> tuple[int, int] | None:
+        timed = [b for b in range(NUM_BUCKETS) if self.count[m][b] >= MIN_SAMPLES]
+        return (timed[0], timed[-1]) if timed else None
 
     def _fit(self, m: int) -> tuple[float, float] | None:
         cnt, bs, tm = self.count[m], self.mean_bs[m], self.time[m]
@@ -409,10 +414,8 @@ class CostView:
     def timed_around(self, on: bool, bs: int) -> bool:
         """Whether that mode's estimate at ``bs`` rests on measurement: its bucket was timed, or
         buckets below and above it were (the fit then interpolates between sizes it saw)."""
-        m = 1 if on else 0
-        b = bucket(min(bs, MAX_BS))
-        timed = [k for k in range(NUM_BUCKETS) if self.count[m][k] >= MIN_SAMPLES]
-        return b in timed or (any(k < b for k in timed) and any(k > b for k in timed))
+        span = self.timed_span[1 if on else 0]
+        return span is not None and span[0] <= bucket(min(bs, MAX_BS)) <= span[1]
 
     def speculation_extrapolated(self, bs: int) -> bool:
         """Whether ``bs`` lies far above the largest batch speculation was timed at (more than
@@ -429,11 +432,12 @@ class CostView:
         top = self._on_top_bs()
         if top is None or bs <= top:
             return None
-        return self.time[1][self.on_top] + self.verify_rows * self.fit[0][1] * (bs - top)
+        return self.time[1][self.timed_span[1][1]] + self.verify_rows * self.fit[0][1] * (bs - top)
 
     def _on_top_bs(self) -> float | None:
         """The mean batch size of speculation's largest timed bucket (None: never timed)."""
-        return None if self.on_top is None else self.mean_bs[1][self.on_top]
+        span = self.timed_span[1]
+        return None if span is None else self.mean_bs[1][span[1]]
 
     def samples(self, on: bool, bs: int) -> int:
         return self.count[1 if on else 0][bucket(min(bs, MAX_BS))]
