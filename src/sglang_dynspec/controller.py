@@ -379,7 +379,7 @@ class Controller:
             return self.safe_value
         a = self.acceptance(self._greedy)
         x = StepInputs(self.step, decode_bs, running, waiting, a.length,
-                       a.samples, self.prev, self.steps_in_mode, self.view, new_load, fresh)
+                       a.samples, self.prev, self.steps_in_mode, self.view, new_load, fresh, self._greedy)
         t0 = self.clock()
         try:
             d = self.policy.decide(x)

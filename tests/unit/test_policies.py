@@ -7,8 +7,9 @@ from sglang_dynspec.errors import ConfigError
 from sglang_dynspec.policies import StepInputs, build_policy
 
 
-def inputs(step=0, bs=1, prev=None, dwell=0, acc=0.0, samples=0, costs=None, new_load=False, fresh=False):
-    return StepInputs(step, bs, bs, 0, acc, samples, prev, dwell, costs, new_load, fresh)
+def inputs(step=0, bs=1, prev=None, dwell=0, acc=0.0, samples=0, costs=None, new_load=False, fresh=False,
+           greedy=None):
+    return StepInputs(step, bs, bs, 0, acc, samples, prev, dwell, costs, new_load, fresh, greedy)
 
 
 def run(policy, sizes, **kw):
@@ -344,6 +345,33 @@ def test_goodput_backs_off_near_tie_probes_the_model_turns_back():
     assert q._probe_misses == 3
     q.decide(inputs(step=2000, bs=4, prev=False, dwell=50, acc=1.85, samples=100, costs=v, new_load=True))
     assert q._probe_misses == 0
+
+
+def test_goodput_backs_off_probes_per_sampling_regime():
+    # Probes refuted on sampled requests back off the next sampled probe only: greedy requests have
+    # their own acceptance, and their first fresh batch is probed as if nothing had been refuted.
+    v = view(lambda b: 10.0, lambda b: 5.0)
+    p = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 10**6})
+    sampled = dict(bs=4, prev=False, acc=1.85, samples=100, costs=v, greedy=False)
+    prev, dwell = False, 50
+    for i in range(2000):
+        d = p.decide(inputs(**dict(sampled, prev=prev), step=i, dwell=dwell))
+        dwell, prev = (dwell + 1 if d == prev else 1), d
+    assert p._probe_misses == 3 and not prev
+    # the first greedy batch, 100 plain steps in: a fresh batch is probed after reprobe_near / 4 = 16
+    greedy = dict(bs=1, prev=False, dwell=100, acc=1.85, samples=100, costs=v, fresh=True, greedy=True)
+    assert p.decide(inputs(step=2000, **greedy)) is True and p.explain()["why"] == "fresh"
+    # the same batch had it still been sampled: backed off to 8 x 64 / 4 = 128 plain steps
+    q = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 10**6})
+    prev, dwell = False, 50
+    for i in range(2000):
+        d = q.decide(inputs(**dict(sampled, prev=prev), step=i, dwell=dwell))
+        dwell, prev = (dwell + 1 if d == prev else 1), d
+    assert q.decide(inputs(step=2000, **dict(greedy, greedy=False))) is False
+    # and the sampled regime's back-off is kept for when sampled requests come back
+    p.decide(inputs(step=2001, **dict(greedy, prev=True, dwell=1, fresh=False)))
+    p.decide(inputs(step=2002, **dict(sampled, dwell=200)))
+    assert p._probe_misses == 3
 
 
 def test_goodput_judges_a_probe_after_it_measured_enough_request_steps():

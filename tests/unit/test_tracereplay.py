@@ -502,3 +502,24 @@ def test_the_first_fresh_batch_of_a_low_phase_is_probed_at_once():
     assert first_recorded > 2.5  # what the server did
     first = next(s for s in low0 if s.decided)
     assert first.t - t0 < 0.1 and first.why == "fresh"
+
+
+def test_probes_refuted_at_temperature_0_7_do_not_hold_the_first_greedy_low_phase_plain():
+    """H100, SGLang 0.5.12, pair2g-rows34 (commit b537d26): row 3's C=1 level at temperature 0.7
+    (where `on` was 0.86x `off`) refuted four fresh-batch probes, which backed the next probe off
+    to reprobe_near x 8 / 4 plain steps; row 4's first low phase (greedy, 1 request/s) then ran plain
+    decode for its first 3.0 s on the greedy acceptance of the harness's correctness requests (1.84),
+    and its TPOT p50 came out at 1.34x `on`'s.  Back-off is now per sampling regime: re-driven, the
+    phase's first greedy request is probed."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _goodput_trace(RESULTS / "pair2g-rows34-logs.tar.xz")
+    res = redrive(rows, "goodput", follow=True)
+    row4 = res.runs()[-1]
+    t0 = row4[0].t
+    assert row4[0].bs == 1 and rows[0]["t"] < t0  # the trace's first request after row 3's pause
+    low0 = [s for s in row4 if s.t - t0 < 6.0]
+    first_recorded = next(s.t - t0 for s in low0 if s.recorded)
+    assert first_recorded > 2.5  # what the server did
+    first = next(s for s in low0 if s.decided)
+    assert first.t - t0 < 0.01 and first.why == "fresh"

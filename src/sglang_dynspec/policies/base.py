@@ -29,6 +29,7 @@ class StepInputs:
     costs: Any = None  # sglang_dynspec.costs.CostView or None
     new_load: bool = False  # the batch grew by a burst of new requests since the previous decode step (not a refill)
     fresh_batch: bool = False  # every request in this batch was admitted since the previous decode step (it had drained)
+    greedy: bool | None = None  # the sampling regime whose acceptance accept_length is (True: greedy; None: unknown)
 
 
 @runtime_checkable

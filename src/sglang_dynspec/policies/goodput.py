@@ -114,6 +114,11 @@ class Goodput:
         self._last_switch: int | None = None  # step of the last switch the model decided
         self._probe_at: int | None = None  # step of the last near-tie probe
         self._probe_misses = 0  # near-tie probes in a row that the model soon turned back (backs them off)
+        # ... counted per sampling regime: a probe refuted on sampled requests' acceptance says nothing
+        # about greedy ones' (pair2g-rows34: row 3's refuted probes at temperature 0.7 held the first
+        # greedy low phase plain for 3 s, 1.34x `on`'s TPOT)
+        self._regime: bool | None = None
+        self._misses_by_regime: dict[bool | None, int] = {}
         self._probe_rows_left = 0  # request-steps the current probe still speculates before it is judged
         self._why = "start"
         # Lowest step time per batch size in the current stretch of each mode, and the step of a
@@ -150,6 +155,10 @@ class Goodput:
 
     # --- the decision ----------------------------------------------------------------
     def decide(self, x: StepInputs) -> bool:
+        if x.greedy != self._regime:
+            self._misses_by_regime[self._regime] = self._probe_misses
+            self._regime = x.greedy
+            self._probe_misses = self._misses_by_regime.get(x.greedy, 0)
         d = self._decide(x)
         if d and not x.previous and self._why in PROBES:
             self._probe_rows_left = PROBE_ROWS
