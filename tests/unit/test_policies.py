@@ -351,26 +351,27 @@ def test_goodput_backs_off_probes_per_sampling_regime():
     # Probes refuted on sampled requests back off the next sampled probe only: greedy requests have
     # their own acceptance, and their first fresh batch is probed as if nothing had been refuted.
     v = view(lambda b: 10.0, lambda b: 5.0)
-    p = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 10**6})
-    sampled = dict(bs=4, prev=False, acc=1.85, samples=100, costs=v, greedy=False)
-    prev, dwell = False, 50
-    for i in range(2000):
-        d = p.decide(inputs(**dict(sampled, prev=prev), step=i, dwell=dwell))
-        dwell, prev = (dwell + 1 if d == prev else 1), d
-    assert p._probe_misses == 3 and not prev
+    sampled = dict(bs=4, acc=1.85, samples=100, costs=v, greedy=False)
+
+    def refuted_sampled_probes():
+        p = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 10**6})
+        prev, dwell = False, 50
+        for i in range(2000):
+            d = p.decide(inputs(**sampled, step=i, prev=prev, dwell=dwell))
+            dwell, prev = (dwell + 1 if d == prev else 1), d
+        assert p._probe_misses == 3 and not prev
+        return p
+
     # the first greedy batch, 100 plain steps in: a fresh batch is probed after reprobe_near / 4 = 16
     greedy = dict(bs=1, prev=False, dwell=100, acc=1.85, samples=100, costs=v, fresh=True, greedy=True)
+    p = refuted_sampled_probes()
     assert p.decide(inputs(step=2000, **greedy)) is True and p.explain()["why"] == "fresh"
-    # the same batch had it still been sampled: backed off to 8 x 64 / 4 = 128 plain steps
-    q = build_policy("goodput", {"min_dwell": 0, "reprobe_near": 64, "reprobe_every": 10**6})
-    prev, dwell = False, 50
-    for i in range(2000):
-        d = q.decide(inputs(**dict(sampled, prev=prev), step=i, dwell=dwell))
-        dwell, prev = (dwell + 1 if d == prev else 1), d
+    # the same batch had it been sampled: backed off to 8 x 64 / 4 = 128 plain steps
+    q = refuted_sampled_probes()
     assert q.decide(inputs(step=2000, **dict(greedy, greedy=False))) is False
     # and the sampled regime's back-off is kept for when sampled requests come back
     p.decide(inputs(step=2001, **dict(greedy, prev=True, dwell=1, fresh=False)))
-    p.decide(inputs(step=2002, **dict(sampled, dwell=200)))
+    p.decide(inputs(step=2002, **sampled, prev=False, dwell=200))
     assert p._probe_misses == 3
 
 
