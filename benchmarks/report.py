@@ -117,8 +117,9 @@ def _trace_short(rec: dict, names: list[str]) -> list[str]:
                 f"phases × {at.get('cycles')} cycles, temperature {at.get('temperature', 'as the levels')}, "
                 f"output tokens {lens}", ""]
     lines = head + ["| phase | " + " | ".join(f"{n} TPOT / TTFT p50 ms" for n in names)
-             + "".join(f" | {d} ÷ better static, TPOT / TTFT p50 (lower is better)" for d in dyn) + " |",
-             "|---|" + "---:|" * (len(names) + len(dyn))]
+             + "".join(f" | {d} ÷ better static, TPOT / TTFT p50 (lower is better)" for d in dyn)
+             + " | static lead, TPOT p50 (row-4 phase?) |",
+             "|---|" + "---:|" * (len(names) + len(dyn) + 1)]
     for p in summ["phases"]:
         cells = []
         for n in names:
@@ -129,6 +130,8 @@ def _trace_short(rec: dict, names: list[str]) -> list[str]:
             r = row.get(d) or {}
             cells.append(f"{_f(r.get('tpot_p50_dynspec_over_better_static_lower_is_better'), 3)} / "
                          f"{_f(r.get('ttft_p50_dynspec_over_better_static_lower_is_better'), 3)}")
+        valid = {True: "yes", False: "no", None: "–"}[row.get("row4_valid")]
+        cells.append(f"{_f(row.get('tpot_p50_static_lead'), 2)} ({valid})")
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
     for d in dyn:
         x = summ.get(d) or {}
@@ -141,6 +144,11 @@ def _trace_short(rec: dict, names: list[str]) -> list[str]:
                 f"{x.get(f'{metric}_best_single_static_over_dynspec_geomean_by_phase_kind_higher_is_better')}); "
                 f"{d} ÷ better static per phase = "
                 f"{_f(x.get(f'{metric}_dynspec_over_better_static_geomean_lower_is_better'), 3)} (geomean, lower is better)")
+        if "row4_valid_phases" in x:
+            lines.append(
+                f"{d}, row-4 phases (low: a speculating static mode ahead by ≥ 1.2x, high: `off` by ≥ 1.3x, "
+                f"TPOT p50) {', '.join(x['row4_valid_phases']) or 'none'}: worst TPOT p50 ÷ better static "
+                f"{_f(x.get('tpot_p50_dynspec_over_better_static_max_in_valid_phases'), 3)} (goal ≤ 1.05)")
     return lines
 
 

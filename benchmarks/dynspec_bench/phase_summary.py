@@ -14,6 +14,13 @@ busy high phase does not outweigh a quiet low one. Latency metrics only (lower i
 
 A phase enters a dynspec mode's geomeans only when every static mode and that dynspec mode have a
 value there (a phase with no completed request has none); ``<metric>_phases_used`` lists them.
+
+Whether a phase is one the issue's row 4 asks for is judged on TPOT p50 alone, from the static modes:
+a ``low`` phase where a speculating static mode is the better one by ``ROW4_LEAD["low"]`` (1.2x) or
+more, a ``high`` phase where plain decode (``off``) is better by ``ROW4_LEAD["high"]`` (1.3x) or more.
+Per phase ``tpot_p50_static_lead`` (the worse static value ÷ the better) and ``row4_valid``; per
+dynspec mode ``row4_valid_phases`` and the largest ``tpot_p50`` ratio to the better static mode over
+them, ``tpot_p50_dynspec_over_better_static_max_in_valid_phases`` (the per-phase goal: ≤ 1.05).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import math
 import re
 
 METRICS = ("tpot_p50", "ttft_p50")  # level-summary fields are these + "_ms"
+ROW4_LEAD = {"low": 1.2, "high": 1.3}  # the better static mode's TPOT p50 lead that makes a row-4 phase
+PLAIN = "off"  # the static mode without speculation
 
 
 def geomean(values) -> float | None:
@@ -94,7 +103,37 @@ def summarize_phases(modes: dict, metrics: tuple[str, ...] = METRICS) -> dict | 
                 row.setdefault(d, {})[f"{metric}_dynspec_over_better_static_lower_is_better"] = _r(ratio)
         for d in dyn:
             out.setdefault(d, {}).update(_dyn_summary(metric, d, vals, static, phases))
+        if metric == "tpot_p50":
+            _row4_validity(out, vals, static, dyn)
     return out
+
+
+def row4_valid(label: str, better: str | None, lead: float | None) -> bool | None:
+    """Is this phase one row 4 asks for (see the module doc)? None: not a low or high phase, or no lead."""
+    kind = phase_kind(label)
+    if kind not in ROW4_LEAD or better is None or lead is None:
+        return None
+    wanted_plain = kind == "high"
+    return (better == PLAIN) == wanted_plain and lead >= ROW4_LEAD[kind]
+
+
+def _row4_validity(out: dict, tpot: dict, static: list[str], dyn: list[str]) -> None:
+    """Adds row 4's phase validity to ``out`` from ``tpot`` ({mode: {phase: TPOT p50 ms}})."""
+    if PLAIN not in static or len(static) < 2:
+        return  # row 4 compares plain decode with speculation
+    key = "tpot_p50_dynspec_over_better_static_lower_is_better"
+    for p in out["phases"]:
+        row = out["per_phase"][p]
+        better = row.get("tpot_p50_better_static")
+        have = [tpot[st][p] for st in static if _pos(tpot[st][p])]
+        lead = max(have) / min(have) if len(have) == len(static) else None
+        row["tpot_p50_static_lead"] = _r(lead)
+        row["row4_valid"] = row4_valid(p, better, lead)
+    valid = [p for p in out["phases"] if out["per_phase"][p]["row4_valid"]]
+    for d in dyn:
+        ratios = [out["per_phase"][p][d][key] for p in valid if out["per_phase"][p][d].get(key) is not None]
+        out[d]["row4_valid_phases"] = valid
+        out[d]["tpot_p50_dynspec_over_better_static_max_in_valid_phases"] = max(ratios) if ratios else None
 
 
 def _dyn_summary(metric: str, d: str, vals: dict, static: list[str], phases: list[str]) -> dict:

@@ -79,6 +79,25 @@ def test_phase_without_a_value_is_left_out_of_the_geomeans():
     assert d["tpot_p50_best_single_static_over_dynspec_geomean_higher_is_better"] == pytest.approx(1.0)
 
 
+def test_row4_phase_validity_from_the_static_modes_lead():
+    # low: a speculating static mode ahead by >= 1.2x; high: `off` ahead by >= 1.3x (TPOT p50)
+    s = summarize_phases(_modes({
+        "off": {"low0": 3.6, "high0": 11.6, "low1": 4.0, "high1": 10.0, "low2": 3.0},
+        "on": {"low0": 2.7, "high0": 23.4, "low1": 4.8, "high1": 12.0, "low2": 2.6},
+        DYN: {"low0": 3.7, "high0": 8.2, "low1": 3.3, "high1": 9.0, "low2": 2.6},
+    }))
+    pp = s["per_phase"]
+    assert pp["low0"]["tpot_p50_static_lead"] == pytest.approx(3.6 / 2.7, abs=1e-4)
+    assert [pp[p]["row4_valid"] for p in s["phases"]] == [True, True, False, False, False]
+    # low1: `off` is the better one; high1: `off` ahead by 1.2x only; low2: `on` ahead by 1.15x only
+    d = s[DYN]
+    assert d["row4_valid_phases"] == ["low0", "high0"]
+    assert d["tpot_p50_dynspec_over_better_static_max_in_valid_phases"] == pytest.approx(3.7 / 2.7, abs=1e-4)
+    # no `off` among the static modes: no row-4 judgement at all
+    s2 = summarize_phases(_modes({"on": {"low0": 2.0}, "on@topk4": {"low0": 3.0}, DYN: {"low0": 2.0}}))
+    assert "row4_valid" not in s2["per_phase"]["low0"] and "row4_valid_phases" not in s2[DYN]
+
+
 def test_no_summary_without_static_and_dynspec_traces():
     assert summarize_phases(_modes({"off": {"low0": 1.0}, "on": {"low0": 2.0}})) is None
     assert summarize_phases({"off": {"1": {"tpot_p50_ms": 1.0}}, DYN: {"1": {"tpot_p50_ms": 1.0}}}) is None
