@@ -17,7 +17,7 @@ value there (a phase with no completed request has none); ``<metric>_phases_used
 
 Whether a phase is one the issue's row 4 asks for is judged on TPOT p50 alone, from the static modes:
 a ``low`` phase where a speculating static mode is the better one by ``ROW4_LEAD["low"]`` (1.2x) or
-more, a ``high`` phase where plain decode (``off``) is better by ``ROW4_LEAD["high"]`` (1.3x) or more.
+more, a ``high`` phase where plain decode (``off``, any variant) is better by ``ROW4_LEAD["high"]`` (1.3x) or more.
 Per phase ``tpot_p50_static_lead`` (the worse static value ÷ the better) and ``row4_valid``; per
 dynspec mode ``row4_valid_phases`` and the largest ``tpot_p50`` ratio to the better static mode over
 them, ``tpot_p50_dynspec_over_better_static_max_in_valid_phases`` (the per-phase goal: ≤ 1.05).
@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 import re
 
+from .modes import parse_mode
+
 METRICS = ("tpot_p50", "ttft_p50")  # level-summary fields are these + "_ms"
 ROW4_LEAD = {"low": 1.2, "high": 1.3}  # the better static mode's TPOT p50 lead that makes a row-4 phase
-PLAIN = "off"  # the static mode without speculation
 
 
 def geomean(values) -> float | None:
@@ -113,13 +114,12 @@ def row4_valid(label: str, better: str | None, lead: float | None) -> bool | Non
     kind = phase_kind(label)
     if kind not in ROW4_LEAD or better is None or lead is None:
         return None
-    wanted_plain = kind == "high"
-    return (better == PLAIN) == wanted_plain and lead >= ROW4_LEAD[kind]
+    return parse_mode(better).speculative == (kind == "low") and lead >= ROW4_LEAD[kind]
 
 
 def _row4_validity(out: dict, tpot: dict, static: list[str], dyn: list[str]) -> None:
     """Adds row 4's phase validity to ``out`` from ``tpot`` ({mode: {phase: TPOT p50 ms}})."""
-    if PLAIN not in static or len(static) < 2:
+    if len({parse_mode(st).speculative for st in static}) < 2:
         return  # row 4 compares plain decode with speculation
     key = "tpot_p50_dynspec_over_better_static_lower_is_better"
     for p in out["phases"]:

@@ -93,6 +93,9 @@ def test_row4_phase_validity_from_the_static_modes_lead():
     d = s[DYN]
     assert d["row4_valid_phases"] == ["low0", "high0"]
     assert d["tpot_p50_dynspec_over_better_static_max_in_valid_phases"] == pytest.approx(3.7 / 2.7, abs=1e-4)
+    # any variant of `off` is plain decode
+    s3 = summarize_phases(_modes({"off@nooverlap": {"high0": 13.0}, "on": {"high0": 26.0}, DYN: {"high0": 13.0}}))
+    assert s3["per_phase"]["high0"]["row4_valid"] is True and s3[DYN]["row4_valid_phases"] == ["high0"]
     # no `off` among the static modes: no row-4 judgement at all
     s2 = summarize_phases(_modes({"on": {"low0": 2.0}, "on@topk4": {"low0": 3.0}, DYN: {"low0": 2.0}}))
     assert "row4_valid" not in s2["per_phase"]["low0"] and "row4_valid_phases" not in s2[DYN]

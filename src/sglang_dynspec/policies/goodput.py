@@ -113,12 +113,12 @@ class Goodput:
         self._flips = 0  # switches in a row that came within FLIP_WINDOW steps of the one before
         self._last_switch: int | None = None  # step of the last switch the model decided
         self._probe_at: int | None = None  # step of the last near-tie probe
-        self._probe_misses = 0  # near-tie probes in a row that the model soon turned back (backs them off)
-        # ... counted per sampling regime: a probe refuted on sampled requests' acceptance says nothing
-        # about greedy ones' (pair2g-rows34: row 3's refuted probes at temperature 0.7 held the first
-        # greedy low phase plain for 3 s, 1.34x `on`'s TPOT)
-        self._regime: bool | None = None
-        self._misses_by_regime: dict[bool | None, int] = {}
+        # Near-tie probes in a row that the model soon turned back (they back the next one off), per
+        # sampling regime (StepInputs.greedy): a probe refuted on sampled requests' acceptance says
+        # nothing about greedy ones' (pair2g-rows34: row 3's refuted probes at temperature 0.7 held
+        # the first greedy low phase plain for 3 s, 1.34x `on`'s TPOT).
+        self._misses: dict[bool | None, int] = {}
+        self._regime: bool | None = None  # the regime of the step being decided
         self._probe_rows_left = 0  # request-steps the current probe still speculates before it is judged
         self._why = "start"
         # Lowest step time per batch size in the current stretch of each mode, and the step of a
@@ -154,11 +154,16 @@ class Goodput:
         return per_token(d_on, bs * acc, p_on, rho, lam), per_token(d_off, bs, p_off, rho, lam), free
 
     # --- the decision ----------------------------------------------------------------
+    @property
+    def _probe_misses(self) -> int:
+        return self._misses.get(self._regime, 0)
+
+    @_probe_misses.setter
+    def _probe_misses(self, n: int) -> None:
+        self._misses[self._regime] = n
+
     def decide(self, x: StepInputs) -> bool:
-        if x.greedy != self._regime:
-            self._misses_by_regime[self._regime] = self._probe_misses
-            self._regime = x.greedy
-            self._probe_misses = self._misses_by_regime.get(x.greedy, 0)
+        self._regime = x.greedy
         d = self._decide(x)
         if d and not x.previous and self._why in PROBES:
             self._probe_rows_left = PROBE_ROWS
