@@ -597,23 +597,57 @@ def offstep_graphs_release_problem(need_hidden: bool = True) -> str | None:
 
 
 # What a light prefill (adapters/spec_v2.forward_prefill_off) reads from the batch the spec_v2
-# worker receives: token ids, KV slots, per-request extend lengths, lengths after the extend.
-LIGHT_PREFILL_BATCH_FIELDS = ("input_ids", "out_cache_loc", "extend_seq_lens", "seq_lens", "capture_hidden_mode")
+# worker receives: token ids, KV slots, lengths after the extend, and the per-request extend and
+# cached-prefix lengths, which each input kind names its own way.
+LIGHT_PREFILL_BATCH_FIELDS = ("input_ids", "out_cache_loc", "seq_lens", "capture_hidden_mode")
+PREFILL_LENS_FIELDS = {"model_worker_batch": ("extend_seq_lens", "extend_prefix_lens"),
+                       "schedule_batch": ("extend_lens", "prefix_lens")}
+# Releases whose ScheduleBatch prefill branch (target extend, publication of the batch's lengths,
+# draft extend with chunk-aware tail tokens) was read and is replicated by the light prefill.
+LIGHT_PREFILL_SCHEDULE_BATCH_RELEASES = (Version("0.5.15"),)
 
 
-def light_prefill_release_problem() -> str | None:
+def light_prefill_release_problem(v: Version | None = None) -> str | None:
     """Why prefills while off must run the draft's extend forward on the installed release's
     spec_v2 worker (None: the light prefill can run)."""
-    if v2_input_kind() != "model_worker_batch":
-        # A ScheduleBatch prefill (>= 0.5.13) publishes its lengths and picks chunk-aware tail
-        # tokens upstream; neither is replicated here yet.
-        return "SGLang >= 0.5.13 prefills a ScheduleBatch (publication and chunk-aware tail tokens not replicated)"
-    from sglang.srt.managers.schedule_batch import ModelWorkerBatch
-
-    missing = [f for f in LIGHT_PREFILL_BATCH_FIELDS if f not in dataclass_field_names(ModelWorkerBatch)]
+    kind = v2_input_kind()
+    if kind == "model_worker_batch":
+        from sglang.srt.managers.schedule_batch import ModelWorkerBatch as batch_cls
+    else:
+        v = sglang_version() if v is None else v
+        if v is None or base_version(v) not in LIGHT_PREFILL_SCHEDULE_BATCH_RELEASES:
+            return (f"the light prefill of a ScheduleBatch is built on SGLang "
+                    f"{', '.join(map(str, LIGHT_PREFILL_SCHEDULE_BATCH_RELEASES))}'s prefill; this is {v}")
+        from sglang.srt.managers.schedule_batch import ScheduleBatch as batch_cls
+    wanted = LIGHT_PREFILL_BATCH_FIELDS + PREFILL_LENS_FIELDS[kind]
+    missing = [f for f in wanted if f not in dataclass_field_names(batch_cls)]
     if missing:
-        return f"ModelWorkerBatch has no {', '.join(missing)}"
+        return f"{batch_cls.__name__} has no {', '.join(missing)}"
     return None
+
+
+def prefill_lens(batch) -> tuple:
+    """(per-request extend lengths, per-request cached-prefix lengths) of an extend batch the
+    installed spec_v2 worker receives; None for one it lacks."""
+    extend, prefix = PREFILL_LENS_FIELDS[v2_input_kind()]
+    return getattr(batch, extend, None), getattr(batch, prefix, None)
+
+
+def prefill_tail_tokens(batch, next_token_ids):
+    """The token after each request's last prompt token in the draft's prefill: its new token,
+    except for a chunked request's non-final chunk on releases that give it the next prompt
+    token (SGLang's own helper, where the installed release has one)."""
+    helper = _prefill_tail_token_helper()
+    return next_token_ids if helper is None else helper(batch, next_token_ids)
+
+
+@lru_cache(maxsize=None)
+def _prefill_tail_token_helper():
+    try:
+        from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
+    except ImportError:
+        return None
+    return _eagle_prefill_tail_tokens
 
 
 def light_sync_draft_problem(draft_model_runner) -> str | None:

@@ -772,8 +772,9 @@ def test_state_is_typed_and_stored_once_per_worker(m, up):
 # ------------------------------------------------------------------------------------------
 # Prefills while off: the light prefill (target extend, then the prompt's draft KV written directly)
 
-_MWB_ONLY = pytest.mark.skipif(compat.v2_input_kind() != "model_worker_batch",
-                               reason="the light prefill runs on the ModelWorkerBatch input (<= 0.5.12)")
+_LIGHT_PREFILL = pytest.mark.skipif(compat.light_prefill_release_problem() is not None,
+                                    reason="no light prefill on this release (test_light_prefill_release_support)")
+_LENS = dict(zip(("extend", "prefix"), compat.PREFILL_LENS_FIELDS[compat.v2_input_kind()]))
 
 
 class _PrefillTarget:
@@ -796,7 +797,8 @@ class _PrefillTarget:
 
 
 def _prefill_setup(m, up, monkeypatch, **over):
-    """Two requests: one with 4 cached tokens extending 3 ([10, 11, 12]), one new with 2 ([20, 21])."""
+    """Two requests: one with 4 cached tokens extending 3 ([10, 11, 12]), one new with 2 ([20, 21]).
+    ``over``'s keys ``extend`` / ``prefix`` name the release's per-request length fields."""
     w = _worker(up)
     target, draft = _PrefillTarget(up), _DraftRecorder()
     w._target_worker, w._draft_worker = target, draft
@@ -804,27 +806,36 @@ def _prefill_setup(m, up, monkeypatch, **over):
     state.of(w, m.SpecV2State).light_prefill = True
     fields = dict(forward_mode=up.ForwardMode.EXTEND, input_ids=torch.tensor([10, 11, 12, 20, 21]),
                   out_cache_loc=torch.tensor([504, 505, 506, 700, 701]), seq_lens=torch.tensor([7, 2]),
-                  extend_seq_lens=[3, 2], extend_prefix_lens=[4, 0], capture_hidden_mode=None,
+                  extend=[3, 2], prefix=[4, 0], capture_hidden_mode=None,
                   spec_info=None, return_logprob=False, multimodal_inputs=[None, None])
     fields.update(over)
+    fields = {_LENS.get(k, k): v for k, v in fields.items()}
     cls = _batch_class(m)
-    kw = {name: None for name in _required_fields(cls)}
-    kw.update(fields)
-    return w, target, draft, writes, cls(**kw)
+    if compat.v2_input_kind() == "model_worker_batch":
+        kw = {name: None for name in _required_fields(cls)}
+        kw.update(fields)
+        batch = cls(**kw)
+    else:
+        # A real ScheduleBatch needs a live memory pool: the same fields, each one the class declares.
+        fields.update(reqs=[SimpleNamespace(rid="a"), SimpleNamespace(rid="b")], chunked_req=None,
+                      chunked_req_next_prompt_token=None)
+        assert set(fields) <= m_fields(cls)
+        batch = SimpleNamespace(**fields)
+    return w, target, draft, writes, batch
 
 
 def test_prefill_draft_rows_shift_tokens_and_count_positions_from_the_prefix(m):
-    batch = SimpleNamespace(input_ids=torch.tensor([10, 11, 12, 20, 21, 30], dtype=torch.int32),
-                            extend_seq_lens=[3, 2, 1], extend_prefix_lens=[4, 0, 9], seq_lens=torch.tensor([7, 2, 10]))
-    tokens, positions = m._prefill_draft_rows(batch, torch.tensor([13, 22, 31], dtype=torch.int32))
+    ids = torch.tensor([10, 11, 12, 20, 21, 30], dtype=torch.int32)
+    tokens, positions = m._prefill_draft_rows(ids, [3, 2, 1], [4, 0, 9], torch.tensor([13, 22, 31], dtype=torch.int32))
     assert tokens.tolist() == [11, 12, 13, 21, 22, 31] and tokens.dtype == torch.int64
     assert positions.tolist() == [4, 5, 6, 0, 1, 9] and positions.dtype == torch.int64
 
 
-@_MWB_ONLY
+@_LIGHT_PREFILL
 def test_prefill_while_off_writes_the_prompt_draft_kv_without_the_draft_extend(m, up, monkeypatch):
     w, target, draft, writes, batch = _prefill_setup(m, up, monkeypatch)
     inside = []  # the draft's contexts the light sync holds (set at prepare) surround the write
+    published = []  # (lengths, draft writes made by then)
 
     @contextlib.contextmanager
     def contexts():
@@ -834,7 +845,9 @@ def test_prefill_while_off_writes_the_prompt_draft_kv_without_the_draft_extend(m
 
     state.of(w, m.SpecV2State).light.contexts = contexts
     assert not m.resume_pending(w)
-    res = m.forward_prefill_off(w, batch)
+    schedule_batch = compat.v2_input_kind() == "schedule_batch"
+    args = (lambda lens: published.append((lens, len(writes), len(target.seen))),) if schedule_batch else ()
+    res = m.forward_prefill_off(w, batch, *args)
     assert inside == [0, 1]
     ((capture, ids),) = target.seen
     assert capture == up.CaptureHiddenMode.FULL and ids.tolist() == [10, 11, 12, 20, 21]
@@ -847,20 +860,36 @@ def test_prefill_while_off_writes_the_prompt_draft_kv_without_the_draft_extend(m
     nd = res.next_draft_input
     assert isinstance(nd, up.EDI)
     assert getattr(nd, compat.draft_input_bonus_field(up.EDI)).tolist() == [13, 22]
-    assert nd.new_seq_lens is batch.seq_lens
+    if schedule_batch:
+        # Lengths on the result, published once after the target and before the draft write, as upstream.
+        assert res.new_seq_lens is batch.seq_lens and published == [(batch.seq_lens, 0, 1)]
+    else:
+        assert nd.new_seq_lens is batch.seq_lens
     assert nd.topk_p.shape == (2, 1) and not nd.topk_p.any() and nd.hidden_states.shape == (2, 6)
     assert m.resume_pending(w)  # the next speculative step is a resume step
 
 
-@_MWB_ONLY
+@_LIGHT_PREFILL
+@pytest.mark.skipif(compat.v2_input_kind() != "schedule_batch", reason="chunk-aware tail tokens come with ScheduleBatch")
+def test_prefill_while_off_gives_a_chunked_request_its_next_prompt_token(m, up, monkeypatch):
+    # Request a is a non-final chunk: the draft's row after its last token is the prompt's next
+    # token (99), not the token the target sampled there (13), as SGLang's draft extend does.
+    w, _target, _draft, writes, batch = _prefill_setup(m, up, monkeypatch)
+    batch.chunked_req, batch.chunked_req_next_prompt_token = batch.reqs[0], 99
+    m.forward_prefill_off(w, batch, None)
+    ((_runner, tok, _hid, pos, _loc),) = writes
+    assert tok.tolist() == [11, 12, 99, 21, 22] and pos.tolist() == [4, 5, 6, 0, 1]
+
+
+@_LIGHT_PREFILL
 @pytest.mark.parametrize("over", [
     {"forward_mode": "MIXED"},
     {"forward_mode": "IDLE"},
     {"input_embeds": torch.zeros(5, 4)},
     {"multimodal_inputs": [object(), None]},
-    {"extend_seq_lens": [3, 1]},  # lengths that do not add up to the batch's tokens
-    {"extend_seq_lens": None},
-    {"extend_prefix_lens": None},
+    {"extend": [3, 1]},  # lengths that do not add up to the batch's tokens
+    {"extend": None},
+    {"prefix": None},
 ], ids=lambda d: next(iter(d)))
 def test_prefill_while_off_leaves_other_batches_to_sglang(m, up, monkeypatch, over):
     over = {k: (getattr(up.ForwardMode, v) if k == "forward_mode" else v) for k, v in over.items()}
@@ -869,7 +898,7 @@ def test_prefill_while_off_leaves_other_batches_to_sglang(m, up, monkeypatch, ov
     assert target.seen == [] and writes == [] and not m.resume_pending(w)
 
 
-@_MWB_ONLY
+@_LIGHT_PREFILL
 def test_prefill_while_off_refuses_a_target_without_per_token_hidden_states(m, up, monkeypatch):
     w, target, _draft, writes, batch = _prefill_setup(m, up, monkeypatch)
     target.aux_hidden = 0  # no hidden columns: shape (5, 0) is still per token; make it per request
@@ -904,10 +933,11 @@ def test_light_prefill_release_support(sglang_version):
     from packaging.version import Version
 
     problem = compat.light_prefill_release_problem()
-    if Version(sglang_version.base_version) >= Version("0.5.13"):
-        assert "ScheduleBatch" in problem
+    v = Version(sglang_version.base_version)
+    if v >= Version("0.5.13") and v not in compat.LIGHT_PREFILL_SCHEDULE_BATCH_RELEASES:
+        assert "ScheduleBatch" in problem and str(v) in problem
     else:
-        assert problem is None
+        assert problem is None  # <= 0.5.12's ModelWorkerBatch, 0.5.15's ScheduleBatch
 
 
 # ------------------------------------------------------------------------------------------

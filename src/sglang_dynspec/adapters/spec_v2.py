@@ -507,20 +507,25 @@ def forward_prefill_off(worker, batch, *args, **kwargs):
     """Run an extend batch that arrives while speculation is off without the draft's extend
     forward; None (nothing run) where it must run upstream.
 
-    The target prefills as upstream (hidden states of every token captured).  The draft KV of
-    each prompt token is then written directly (``draft_kv.write``, the light sync's writer):
-    position p from the target's hidden state there and token p + 1, the request's new token
-    after its last.  That is all upstream's draft extend leaves a later step, besides the first
-    draft round's seeds (top-k, draft hidden state), which stay placeholders here: the next step
-    that would speculate runs a resume step first, as after a light off-step.  Skipped: the
-    draft's per-request input rebuild, its batch and attention setup, its forward and top-k,
-    which made a speculative server's prefill dearer than a plain one's.
+    The target prefills as upstream (hidden states of every token captured); on a ScheduleBatch
+    release the batch's lengths are then published, as upstream does before its draft extend.
+    The draft KV of each prompt token is then written directly (``draft_kv.write``, the light
+    sync's writer): position p from the target's hidden state there and token p + 1, after a
+    request's last prompt token its tail token (``compat.prefill_tail_tokens``).  That is all
+    upstream's draft extend leaves a later step, besides the first draft round's seeds (top-k,
+    draft hidden state), which stay placeholders here: the next step that would speculate runs a
+    resume step first, as after a light off-step.  Skipped: the draft's per-request input
+    rebuild, its batch and attention setup, its forward and top-k, which made a speculative
+    server's prefill dearer than a plain one's.
     """
     st = state.of(worker, SpecV2State)
     if not st.light_prefill or not _plain_prefill(batch):
         return None
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
+    on_publish = _on_publish_arg(compat.v2_input_kind(), args, kwargs)
+    mod = compat.v2_worker_module()
+    res_fields = compat.dataclass_field_names(mod.GenerationBatchResult)
     n = int(batch.input_ids.shape[0])
     batch.capture_hidden_mode = CaptureHiddenMode.FULL  # as upstream: every prompt token's hidden state
     with span("dynspec.prefill.target"):
@@ -529,17 +534,23 @@ def forward_prefill_off(worker, batch, *args, **kwargs):
     if hidden is None or int(hidden.shape[0]) != n:
         raise RuntimeError(f"dynspec light prefill: the target returned hidden states of shape "
                            f"{None if hidden is None else tuple(hidden.shape)} for {n} prompt tokens")
-    tokens, positions = _prefill_draft_rows(batch, out.next_token_ids)
+    if "new_seq_lens" in res_fields:
+        # The next step starts from the batch's own lengths; published at target end, as upstream.
+        out.new_seq_lens = batch.seq_lens
+        if on_publish is not None:
+            on_publish(out.new_seq_lens)
+    extend_lens, prefix_lens = compat.prefill_lens(batch)
+    tokens, positions = _prefill_draft_rows(batch.input_ids, extend_lens, prefix_lens,
+                                            compat.prefill_tail_tokens(batch, out.next_token_ids))
     st.light_pending = True
     # A recorded write where one holds the prompt rows (PREFILL_WRITE_ROWS), else eager inside the
     # contexts set at prepare.
     with span("dynspec.prefill.draft_kv"):
         st.light.write(worker.draft_worker.draft_runner, tokens, hidden, positions, batch.out_cache_loc)
-    mod = compat.v2_worker_module()
     # Upstream's prefill draft input (its lengths are the batch's own), seeds as placeholders.
     out.next_draft_input = _next_draft_input(
         mod.EagleDraftInput, compat.draft_input_bonus_field(mod.EagleDraftInput), out.next_token_ids, st.light,
-        int(batch.seq_lens.shape[0]), compat.dataclass_field_names(mod.GenerationBatchResult), batch.seq_lens, None,
+        int(batch.seq_lens.shape[0]), res_fields, batch.seq_lens, None,
         num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
     return out
 
@@ -554,30 +565,28 @@ def _plain_prefill(batch) -> bool:
         return False
     if any(mm is not None for mm in (getattr(batch, "multimodal_inputs", None) or ())):
         return False
-    lens = getattr(batch, "extend_seq_lens", None)
-    prefix = getattr(batch, "extend_prefix_lens", None)
+    lens, prefix = compat.prefill_lens(batch)
     ids = getattr(batch, "input_ids", None)
     if not lens or prefix is None or ids is None or getattr(batch, "out_cache_loc", None) is None:
         return False
     return len(lens) == len(prefix) == int(batch.seq_lens.shape[0]) and sum(lens) == int(ids.shape[0])
 
 
-def _prefill_draft_rows(batch, next_token_ids):
-    """The draft's (token, position) for every prompt token of ``batch``: position p takes
-    token p + 1, and each request's last position its new token.  The positions and the rows of
-    the last tokens come from the batch's CPU lengths in one asynchronous copy from pinned memory;
-    three GPU ops make the tokens.  (Built on the GPU, as before, it took ten small ops: ~0.6 ms
-    of scheduler CPU per prefill batch on the H200 host, py-spy in pair1y-r4.)"""
+def _prefill_draft_rows(ids, extend_lens, prefix_lens, tail_tokens):
+    """The draft's (token, position) for every prompt token of an extend batch of token ``ids``:
+    position p takes token p + 1, and each request's last position its tail token.  The
+    positions and the rows of the last tokens come from the CPU lengths in one asynchronous copy
+    from pinned memory; three GPU ops make the tokens.  (Built on the GPU, as before, it took ten
+    small ops: ~0.6 ms of scheduler CPU per prefill batch on the H200 host, py-spy in pair1y-r4.)"""
     import numpy as np
 
     torch = _torch()
-    ids = batch.input_ids
     dev = ids.device
     n = int(ids.shape[0])
-    lens = np.asarray(batch.extend_seq_lens, dtype=np.int64)
+    lens = np.asarray(extend_lens, dtype=np.int64)
     ends = np.cumsum(lens)
     # position of token i: i less its request's first row, plus that request's cached prefix
-    shift = np.asarray(batch.extend_prefix_lens, dtype=np.int64) - (ends - lens)
+    shift = np.asarray(prefix_lens, dtype=np.int64) - (ends - lens)
     host = torch.from_numpy(np.concatenate([np.arange(n, dtype=np.int64) + np.repeat(shift, lens), ends - 1]))
     if dev.type == "cuda":
         host = host.pin_memory()  # (the caching host allocator keeps it until the copy has run)
@@ -585,7 +594,7 @@ def _prefill_draft_rows(batch, next_token_ids):
     positions, last = rows[:n], rows[n:]
     tokens = torch.empty(n, dtype=torch.int64, device=dev)
     tokens[:-1] = ids[1:]
-    tokens[last] = next_token_ids.to(torch.int64)
+    tokens[last] = tail_tokens.to(torch.int64)
     return tokens, positions
 
 
