@@ -71,7 +71,9 @@
 #           DYNSPEC_ROWS2_PYTEST_ARGS pytest arguments of the GPU tests [none: no tests]. On the H200
 #           (2026-12-01) `-n 3` failed: the three tests' servers did not fit in GPU memory together
 #           (OOM at start, pair1g-row2-gpu-tests.txt); one after the other they took 561 s on a fresh
-#           machine (gputests-0512-head.txt), more than a call holds beside the sweep: run them alone; DYNSPEC_BUNDLE [.gpu-bundle-0.5.15],
+#           machine (gputests-0512-head.txt), more than a call holds beside the sweep: run them alone;
+#           DYNSPEC_ROWS2_TESTS_BESIDE_GIB [100]: on a smaller GPU the tests wait for the pair build (an H100's
+#           79 GiB did not hold a test server beside it, pair2h-row2), so a cold call leaves them ~70 s; DYNSPEC_BUNDLE [.gpu-bundle-0.5.15],
 #           DYNSPEC_SITE [/tmp/site-0.5.15]
 set -uo pipefail
 
@@ -182,11 +184,16 @@ case "$ROW" in
   row2)
     TRC=skipped
     if [ "${DYNSPEC_ROWS2_PYTEST_ARGS:-none}" != none ]; then
-      gpu_tests & TPID=$!
-      # Returns at once when the pair is there to reuse; else builds it while the tests run.
+      # The pair build holds ~41 GiB while it trains the draft: beside it, the tests' first server died
+      # of OOM at start on an H100 (pair2h-row2). Below DYNSPEC_ROWS2_TESTS_BESIDE_GIB the tests follow the build.
+      gib=$(python3 -c 'import torch; print(int(torch.cuda.get_device_properties(0).total_memory / 2**30))' 2>/dev/null || echo 0)
+      beside=$([ "$gib" -ge "${DYNSPEC_ROWS2_TESTS_BESIDE_GIB:-100}" ] && echo 1 || echo 0)
+      [ "$beside" = 1 ] && { gpu_tests & TPID=$!; }
+      [ "$beside" = 1 ] || note "GPU 0 has $gib GiB: the GPU tests run after the pair is there, not beside its build"
+      # Returns at once when the pair is there to reuse; else builds it.
       DYNSPEC_PAIR_BUILD_ONLY=1 DYNSPEC_PAIR_NAME=$NAME bash "$REPO/benchmarks/device/run_pair.sh" 2>&1 | sed -u 's/^/[pair] /'
       BRC=${PIPESTATUS[0]}
-      wait "$TPID"; TRC=$?
+      if [ "$beside" = 1 ]; then wait "$TPID"; TRC=$?; else gpu_tests; TRC=$?; fi
       note "pair: exit $BRC; GPU tests: exit $TRC; sweep with $(left)s to its deadline"
     fi
     if [ "${BRC:-0}" -ne 0 ]; then

@@ -1,7 +1,8 @@
 """Dry run of benchmarks/device/run_pair_rows.sh on CPU, its three calls back to back as on one warm
 H200 (run_pair.sh -> run_sweep.sh -> harness for real, a bundle whose `sglang` is the fake server, the
 stand-in pair builder, tiny sizes): row1 builds the pair, rows34 and row2 reuse it (no build), row2
-runs the GPU tests before its sweep; row2 on an empty pair folder builds it beside the tests. Checks
+runs the GPU tests before its sweep; row2 on an empty pair folder builds it beside the tests (on a GPU of
+DYNSPEC_ROWS2_TESTS_BESIDE_GIB or more; else the tests follow the build). Checks
 what the device calls rely on: names, settings of each row, the files that come back (<= 8), the
 logs tarballs, the reuse notes, the order of tests / build / sweep."""
 
@@ -80,8 +81,10 @@ def calls(tmp_path_factory):
         bad = subprocess.run(["bash", str(REPO / "benchmarks/device/run_pair.sh")], cwd=REPO,
                              env={**env, "DYNSPEC_PAIR_CMD": "trace"}, capture_output=True, text=True, timeout=60)
         runs["bad_cmd"] = (bad, None)
-        # A cold machine: no pair, so row2 builds it while the tests run.
-        run("row2", "row2-cold", DYNSPEC_PAIR_DIR=str(root / "cold" / "pair"))
+        # A cold machine with a GPU large enough (any size here): row2 builds the pair while the tests run.
+        run("row2", "row2-cold", DYNSPEC_PAIR_DIR=str(root / "cold" / "pair"), DYNSPEC_ROWS2_TESTS_BESIDE_GIB="0")
+        # ... and with a smaller one (this machine has 0 GiB of GPU): the tests wait for the build.
+        run("row2", "row2-cold-small", DYNSPEC_PAIR_DIR=str(root / "cold-small" / "pair"))
         # A build that fails: no sweep (run_pair.sh would only build again), the tests still reported.
         run("row2", "row2-failed", DYNSPEC_PAIR_DIR=str(root / "failed" / "pair"), FAKE_BUILD_FAIL_AFTER="2")
         yield runs, prefix
@@ -174,6 +177,16 @@ def test_row2_cold_builds_the_pair_beside_the_tests(calls):
     assert started < console.index("DYNSPEC_PAIR_BUILD_ONLY: pair")
     assert max(console.index("GPU tests exit 0"), console.index("built, exit 0")) < console.index(
         "servers wait for their weights")
+    assert len(list(out.iterdir())) == 6
+
+
+def test_row2_cold_on_a_small_gpu_runs_the_tests_after_the_build(calls):
+    # An H100 did not hold the tests' first server beside the pair build (OOM at start, pair2h-row2).
+    runs, p = calls
+    console, out = _ok(runs, "row2-cold-small")
+    assert "the GPU tests run after the pair is there, not beside its build" in console
+    assert console.index("built, exit 0") < console.index("GPU tests: pytest") < console.index("GPU tests exit 0")
+    assert console.index("GPU tests exit 0") < console.index("servers wait for their weights")
     assert len(list(out.iterdir())) == 6
 
 
