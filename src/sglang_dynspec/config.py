@@ -92,9 +92,8 @@ class DynspecSettings(BaseSettings):
         description=(
             "How a prefill that runs while speculation is off fills the draft KV cache: `light` writes "
             "every prompt token's draft K/V directly from the target's hidden states (where off-steps use "
-            "the light sync, on the spec_v2 worker of SGLang 0.5.9-0.5.12 and 0.5.15; a resume step precedes "
-            "speculation); "
-            "`full` runs the draft's extend forward, as SGLang does."
+            "the light sync, on the spec_v2 worker of SGLang 0.5.9-0.5.12 and 0.5.15; a resume step "
+            "precedes speculation); `full` runs the draft's extend forward, as SGLang does."
         ),
     )
     offstep_batch: Literal["plain", "speculative"] = Field(
