@@ -2,7 +2,7 @@
 H200 (run_pair.sh -> run_sweep.sh -> harness for real, a bundle whose `sglang` is the fake server, the
 stand-in pair builder, tiny sizes): row1 builds the pair, rows34 and row2 reuse it (no build), row2
 runs the GPU tests before its sweep; row2 on an empty pair folder builds it beside the tests (on a GPU of
-DYNSPEC_ROWS2_TESTS_BESIDE_GIB or more; else the tests follow the build). Checks
+DYNSPEC_ROWS2_TESTS_BESIDE_GIB or more; else the tests follow the build, if it left them the time). Checks
 what the device calls rely on: names, settings of each row, the files that come back (<= 8), the
 logs tarballs, the reuse notes, the order of tests / build / sweep."""
 
@@ -85,6 +85,8 @@ def calls(tmp_path_factory):
         run("row2", "row2-cold", DYNSPEC_PAIR_DIR=str(root / "cold" / "pair"), DYNSPEC_ROWS2_TESTS_BESIDE_GIB="0")
         # ... and with a smaller one (this machine has 0 GiB of GPU): the tests wait for the build.
         run("row2", "row2-cold-small", DYNSPEC_PAIR_DIR=str(root / "cold-small" / "pair"))
+        # ... where the build leaves the tests too little time: they are not run, the sweep is.
+        run("row2", "row2-cold-late", DYNSPEC_PAIR_DIR=str(root / "cold-late" / "pair"), DYNSPEC_ROWS2_TESTS_END_S="1")
         # A build that fails: no sweep (run_pair.sh would only build again), the tests still reported.
         run("row2", "row2-failed", DYNSPEC_PAIR_DIR=str(root / "failed" / "pair"), FAKE_BUILD_FAIL_AFTER="2")
         yield runs, prefix
@@ -188,6 +190,15 @@ def test_row2_cold_on_a_small_gpu_runs_the_tests_after_the_build(calls):
     assert console.index("built, exit 0") < console.index("GPU tests: pytest") < console.index("GPU tests exit 0")
     assert console.index("GPU tests exit 0") < console.index("servers wait for their weights")
     assert len(list(out.iterdir())) == 6
+
+
+def test_row2_cold_on_a_small_gpu_skips_tests_the_build_left_no_time_for(calls):
+    runs, p = calls
+    console, out = _ok(runs, "row2-cold-late")  # exit 0: tests not run is no test failure
+    note = (out / f"{p}-row2-gpu-tests.txt").read_text()
+    assert note.startswith("GPU tests not run:") and "DYNSPEC_ROWS2_TESTS_MIN_S=150" in note
+    assert "GPU tests: pytest" not in console and (out / f"{p}-row2.json").exists()
+    assert "GPU tests: exit skipped" in console
 
 
 def test_row2_without_a_pair_runs_no_sweep(calls):
