@@ -9,6 +9,12 @@ import json
 import sys
 from pathlib import Path
 
+# Imported as benchmarks.report (tests) or run as a file, whose folder is then on sys.path.
+try:
+    from .dynspec_bench.phase_summary import ROW4_LEAD
+except ImportError:
+    from dynspec_bench.phase_summary import ROW4_LEAD
+
 
 def _f(v, nd=1):
     if v is None:
@@ -146,7 +152,8 @@ def _trace_short(rec: dict, names: list[str]) -> list[str]:
                 f"{_f(x.get(f'{metric}_dynspec_over_better_static_geomean_lower_is_better'), 3)} (geomean, lower is better)")
         if "row4_valid_phases" in x:
             lines.append(
-                f"{d}, row-4 phases (low: a speculating static mode ahead by ≥ 1.2x, high: `off` by ≥ 1.3x, "
+                f"{d}, row-4 phases (low: a speculating static mode ahead by ≥ {ROW4_LEAD['low']}x, "
+                f"high: `off` by ≥ {ROW4_LEAD['high']}x, "
                 f"TPOT p50) {', '.join(x['row4_valid_phases']) or 'none'}: worst TPOT p50 ÷ better static "
                 f"{_f(x.get('tpot_p50_dynspec_over_better_static_max_in_valid_phases'), 3)} (goal ≤ 1.05)")
     return lines

@@ -96,6 +96,9 @@ mkdir -p "$OUT"
 note() { echo "[run_pair_rows +$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( END - PACK_S - ($(date +%s) - T0) )); }
 
+# GiB of GPU 0 (0 where torch sees none).
+gpu0_gib() { python3 -c 'import torch; print(int(torch.cuda.get_device_properties(0).total_memory / 2**30))' 2>/dev/null || echo 0; }
+
 need=${DYNSPEC_ROWS_NEED_GPUS:-1}
 if [ "$need" -gt 0 ]; then
   n=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
@@ -106,7 +109,7 @@ if [ "$need" -gt 0 ]; then
   else modes=${DYNSPEC_ROWS_MODES:-off,on,dynspec:goodput}; fi
   nmodes=$(awk -F, '{ print NF }' <<<"$modes")
   per=${DYNSPEC_ROWS_GIB_PER_SERVER:-27}
-  gib=$(python3 -c 'import torch; print(int(torch.cuda.get_device_properties(0).total_memory / 2**30))' 2>/dev/null || echo 0)
+  gib=$(gpu0_gib)
   if [ "$gib" -lt $(( nmodes * per )) ]; then
     echo "run_pair_rows.sh: $nmodes servers (DYNSPEC_ROWS_MODES=$modes) need ~$(( nmodes * per )) GiB" \
          "(DYNSPEC_ROWS_GIB_PER_SERVER=$per), GPU 0 has $gib GiB: run fewer modes per call" >&2
@@ -189,7 +192,7 @@ case "$ROW" in
     if [ "${DYNSPEC_ROWS2_PYTEST_ARGS:-none}" != none ]; then
       # The pair build holds ~41 GiB while it trains the draft: beside it, the tests' first server died
       # of OOM at start on an H100 (pair2h-row2). Below DYNSPEC_ROWS2_TESTS_BESIDE_GIB the tests follow the build.
-      gib=$(python3 -c 'import torch; print(int(torch.cuda.get_device_properties(0).total_memory / 2**30))' 2>/dev/null || echo 0)
+      gib=$(gpu0_gib)
       beside=$([ "$gib" -ge "${DYNSPEC_ROWS2_TESTS_BESIDE_GIB:-100}" ] && echo 1 || echo 0)
       [ "$beside" = 1 ] && { gpu_tests & TPID=$!; }
       [ "$beside" = 1 ] || note "GPU 0 has $gib GiB: the GPU tests run after the pair is there, not beside its build"

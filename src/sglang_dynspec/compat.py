@@ -607,14 +607,14 @@ PREFILL_LENS_FIELDS = {"model_worker_batch": ("extend_seq_lens", "extend_prefix_
 LIGHT_PREFILL_SCHEDULE_BATCH_RELEASES = (Version("0.5.15"),)
 
 
-def light_prefill_release_problem(v: Version | None = None) -> str | None:
+def light_prefill_release_problem() -> str | None:
     """Why prefills while off must run the draft's extend forward on the installed release's
     spec_v2 worker (None: the light prefill can run)."""
     kind = v2_input_kind()
     if kind == "model_worker_batch":
         from sglang.srt.managers.schedule_batch import ModelWorkerBatch as batch_cls
     else:
-        v = sglang_version() if v is None else v
+        v = sglang_version()
         if v is None or base_version(v) not in LIGHT_PREFILL_SCHEDULE_BATCH_RELEASES:
             return (f"the light prefill of a ScheduleBatch is built on SGLang "
                     f"{', '.join(map(str, LIGHT_PREFILL_SCHEDULE_BATCH_RELEASES))}'s prefill; this is {v}")
