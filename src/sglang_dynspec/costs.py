@@ -35,6 +35,8 @@ RATE_MEMORY = 256.0  # requests: requests-per-token fades over about this many
 STRETCH_MIN_REQUESTS = 4.0  # a stretch's own prefill figure is trusted after this many requests
 ARRIVAL_TAU_S = 1.0  # seconds: the admission rate is a moving average over about this long
 FAR_BEYOND = 4.0  # a batch this many times the largest timed one is beyond what a fit can say
+SHARED_ROWS = 4  # speculation's floor charges a request's verify rows as at most this many plain rows
+#                  up to FAR_BEYOND x its largest timed batch (see CostView._verify_floor)
 
 
 def bucket(bs: int) -> int:
@@ -394,8 +396,8 @@ class CostView:
         """Seconds per decode step (prefills excluded) in that mode at ``bs``; None when unknown.
 
         Speculation above the largest batch it was timed at costs at least its time there plus,
-        per extra request, ``verify_rows`` times what an extra row costs plain decode: its verify
-        runs that many target rows per request.  Its own fit cannot say so: small batches are
+        per extra request, what ``verify_rows`` extra rows cost plain decode (``_verify_floor``):
+        its verify runs that many target rows per request.  Its own fit cannot say so: small batches are
         CPU-bound and nearly flat (on the H200 pair the fit through bs 1-8 was 6.5 ms + 0.0 ms per
         row, and put a bs-250 step at 6.5 ms where it took ~30 ms; the policy then speculated at
         C=250, scattered the finishing times and stayed there at 0.64x of plain decode)."""
@@ -426,13 +428,24 @@ class CostView:
 
     def _verify_floor(self, bs: int) -> float | None:
         """Speculation's least plausible step time at ``bs`` above its largest timed batch (None
-        below it, or without ``verify_rows`` or a plain-decode slope)."""
+        below it, or without ``verify_rows`` or a plain-decode slope).
+
+        Up to FAR_BEYOND x that batch, a request's verify rows cost at most SHARED_ROWS plain
+        rows: they share the request's KV reads, most of what a plain row adds.  Charged in full,
+        a 16-row tree on the H100 (pair2h-row2, topk 4) put a bs-30 step at 20.5 ms from bs 8's
+        6.4 ms where it took ~13 ms, and kept C=30 plain at 0.88x of `on`.  Farther up every row
+        is charged, leaning towards plain decode where speculation's cost is least known (the
+        rows' compute grows there too: bs 100 x 16 rows is a prefill-sized forward)."""
         if not self.verify_rows or self.fit[0] is None:
             return None
         top = self._on_top_bs()
         if top is None or bs <= top:
             return None
-        return self.time[1][self.timed_span[1][1]] + self.verify_rows * self.fit[0][1] * (bs - top)
+        row = self.fit[0][1]
+        edge = FAR_BEYOND * top
+        near, far = min(bs, edge) - top, max(bs - edge, 0.0)
+        rows = self.verify_rows
+        return self.time[1][self.timed_span[1][1]] + row * (min(rows, SHARED_ROWS) * near + rows * far)
 
     def _on_top_bs(self) -> float | None:
         """The mean batch size of speculation's largest timed bucket (None: never timed)."""

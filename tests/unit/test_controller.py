@@ -451,10 +451,40 @@ def test_speculation_above_its_timed_batches_costs_verify_rows_times_a_plain_row
         assert bounded.estimate(on, bs) == unbounded.estimate(on, bs)
     # without verify rows the flat fit stands: speculation at bs 250 looked 5x cheaper than it ran
     assert unbounded.estimate(True, 250) < 0.007
-    # one timed batch size is enough for the bound (no fit of its own yet)
+    # one timed batch size is enough for the bound (no fit of its own yet); a 16-row tree is charged
+    # 4 plain rows per request up to 4x that size (bs 32), all 16 beyond
     one = CostView.from_table(_one_on_bucket(), verify_rows=16)
-    assert one.estimate(True, 4) is None and one.estimate(True, 64) == pytest.approx(
-        0.0064 + 16 * 0.000037 * 56, rel=0.02)
+    assert one.estimate(True, 4) is None
+    assert one.estimate(True, 64) == pytest.approx(0.0064 + 0.000037 * (4 * 24 + 16 * 32), rel=0.02)
+
+
+def test_a_tree_verify_near_its_timed_batches_is_not_charged_every_row():
+    # H100, SGLang 0.5.15, topk 4 / 16 draft tokens (pair2h-row2's trace): speculation timed at
+    # bs 1-8 (5.6-6.4 ms), plain decode 3.7 ms + 0.040 ms per row.  At bs 30 speculation took ~13 ms
+    # and `on` beat `off` 1.12x; 16 rows x 0.040 ms per request priced it at ~20.5 ms.
+    from sglang_dynspec.costs import CostTable, CostView
+
+    t = CostTable()
+    for bs, ms in ((1, 5.62), (5, 6.6), (8, 6.38)):
+        for _ in range(6):
+            t.observe(True, bs, ms / 1e3)
+    for bs in (1, 8, 21, 30, 79, 100):
+        for _ in range(6):
+            t.observe(False, bs, 0.0037 + 0.00004 * bs)
+    v = CostView.from_table(t, verify_rows=16)
+    at30 = v.estimate(True, 30)
+    assert at30 < 0.013  # a floor: below what it measured
+    assert at30 == pytest.approx(0.00638 + 4 * 0.00004 * 22, rel=0.02)
+    # with 2.9 tokens per step it leads plain decode there, as it did
+    assert 30 * 2.9 / at30 > 1.1 * 30 / v.estimate(False, 30)
+    # far above (4x bs 8 and up) every row counts again: at bs 100 plain decode stays ahead
+    # (`off` 9953 tok/s, `on` 5927 on that run)
+    at100 = v.estimate(True, 100)
+    assert at100 == pytest.approx(0.00638 + 0.00004 * (4 * 24 + 16 * 68), rel=0.02)
+    assert 100 * 2.9 / at100 < 100 / v.estimate(False, 100)
+    # a chain of 3 rows is charged in full everywhere (the H200 pair's bs-250 floor above)
+    chain = CostView.from_table(t, verify_rows=3)
+    assert chain.estimate(True, 30) == pytest.approx(0.00638 + 3 * 0.00004 * 22, rel=0.02)
 
 
 def _one_on_bucket():
