@@ -460,8 +460,9 @@ def test_speculation_above_its_timed_batches_costs_verify_rows_times_a_plain_row
 
 def test_a_tree_verify_near_its_timed_batches_is_not_charged_every_row():
     # H100, SGLang 0.5.15, topk 4 / 16 draft tokens (pair2h-row2's trace): speculation timed at
-    # bs 1-8 (5.6-6.4 ms), plain decode 3.7 ms + 0.040 ms per row.  At bs 30 speculation took ~13 ms
-    # and `on` beat `off` 1.12x; 16 rows x 0.040 ms per request priced it at ~20.5 ms.
+    # bs 1-8 (5.6-6.4 ms), plain decode 3.7 ms + 0.040 ms per row.  At bs 30 `on` beat `off` 1.12x
+    # and speculation took 11.35 ms a step (median in pair2i-row2's trace, same host and pair);
+    # 16 rows x 0.040 ms per request priced it at ~20.5 ms.
     from sglang_dynspec.costs import CostTable, CostView
 
     t = CostTable()
@@ -473,7 +474,7 @@ def test_a_tree_verify_near_its_timed_batches_is_not_charged_every_row():
             t.observe(False, bs, 0.0037 + 0.00004 * bs)
     v = CostView.from_table(t, verify_rows=16)
     at30 = v.estimate(True, 30)
-    assert at30 < 0.013  # a floor: below what it measured
+    assert at30 < 0.01135  # a floor: below what it measured
     assert at30 == pytest.approx(0.00638 + 4 * 0.00004 * 22, rel=0.02)
     # with 2.9 tokens per step it leads plain decode there, as it did
     assert 30 * 2.9 / at30 > 1.1 * 30 / v.estimate(False, 30)
