@@ -73,7 +73,8 @@
 #           (OOM at start, pair1g-row2-gpu-tests.txt); one after the other they took 561 s on a fresh
 #           machine (gputests-0512-head.txt), more than a call holds beside the sweep: run them alone;
 #           DYNSPEC_ROWS2_TESTS_BESIDE_GIB [100]: on a smaller GPU the tests wait for the pair build (an H100's
-#           79 GiB did not hold a test server beside it, pair2h-row2), and with fewer than
+#           79 GiB did not hold a test server beside it, pair2h-row2; `-k topk4` alone, after a pair2i-row2 call,
+#           was still running at 380 s on a warm H100 and was killed there), and with fewer than
 #           DYNSPEC_ROWS2_TESTS_MIN_S [150] left to DYNSPEC_ROWS2_TESTS_END_S then (a cold call) they are not run; DYNSPEC_BUNDLE [.gpu-bundle-0.5.15],
 #           DYNSPEC_SITE [/tmp/site-0.5.15]
 set -uo pipefail

@@ -433,19 +433,20 @@ class CostView:
         Up to FAR_BEYOND x that batch, a request's verify rows cost at most SHARED_ROWS plain
         rows: they share the request's KV reads, most of what a plain row adds.  Charged in full,
         a 16-row tree on the H100 (pair2h-row2, topk 4) put a bs-30 step at 20.5 ms from bs 8's
-        6.4 ms where it took 11.4 (pair2i-row2's median), and kept C=30 plain at 0.88x of `on`.  Farther up every row
-        is charged, leaning towards plain decode where speculation's cost is least known (the
-        rows' compute grows there too: bs 100 x 16 rows is a prefill-sized forward)."""
+        6.4 ms where it took 11.4 (pair2i-row2's median), and kept C=30 plain at 0.88x of `on`.
+        Farther up every row is charged, leaning towards plain decode where speculation's cost is
+        least known (the rows' compute grows there too: bs 100 x 16 rows is a prefill-sized
+        forward)."""
         if not self.verify_rows or self.fit[0] is None:
             return None
         top = self._on_top_bs()
         if top is None or bs <= top:
             return None
-        row = self.fit[0][1]
+        plain_row_s = self.fit[0][1]  # plain decode's slope: seconds per extra row
         edge = FAR_BEYOND * top
         near, far = min(bs, edge) - top, max(bs - edge, 0.0)
         rows = self.verify_rows
-        return self.time[1][self.timed_span[1][1]] + row * (min(rows, SHARED_ROWS) * near + rows * far)
+        return self.time[1][self.timed_span[1][1]] + plain_row_s * (min(rows, SHARED_ROWS) * near + rows * far)
 
     def _on_top_bs(self) -> float | None:
         """The mean batch size of speculation's largest timed bucket (None: never timed)."""
