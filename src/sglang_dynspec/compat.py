@@ -324,6 +324,32 @@ def v2_input_kind() -> str:
     return "model_worker_batch" if first == "model_worker_batch" else "schedule_batch"
 
 
+# Eager Triton helpers of a spec_v2 step that take next_power_of_2(bs) as a compile-time constant
+# (so each new power of two compiles on first launch), by name; each lists where releases keep it.
+SPEC_STEP_KERNELS = {
+    # the speculative prepare-for-decode's req_to_token write (every release)
+    "assign_req_to_token_pool": ("sglang.srt.speculative.spec_utils.assign_req_to_token_pool_func",),
+    # the verify's cache locations (moved to triton_ops in 0.5.13)
+    "assign_extend_cache_locs": ("sglang.srt.speculative.triton_ops.cache_locs.assign_extend_cache_locs_func",
+                                 "sglang.srt.speculative.eagle_info_v2.assign_extend_cache_locs_func"),
+    # topk > 1: the accepted path's KV move (a module function from 0.5.13; 0.5.12 runs topk > 1 on v1)
+    "move_accept_tokens": ("sglang.srt.speculative.spec_utils.move_accept_tokens_to_target_kvcache",),
+}
+
+
+def spec_step_kernels() -> dict:
+    """{name: SGLang's function} of the ``SPEC_STEP_KERNELS`` the installed release has."""
+    found = {}
+    for name, paths in SPEC_STEP_KERNELS.items():
+        for path in paths:
+            try:
+                found[name] = resolve(path)[2]
+                break
+            except (ImportError, AttributeError):
+                continue
+    return found
+
+
 def only_fields(cls, **values) -> dict:
     """Keep the keyword values ``cls`` (a dataclass) knows; field names changed across releases."""
     names = dataclass_field_names(cls)

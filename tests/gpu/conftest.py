@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+
+# The Triton kernels behind compat.SPEC_STEP_KERNELS (adapters/kernel_warmup.py warms them at start).
+SPEC_STEP_TRITON_KERNELS = {"assign_req_to_token_pool", "assign_extend_cache_locs", "fill_accept_out_cache_loc",
+                            "copy_all_layer_kv_cache_tiled"}
 
 
 @pytest.fixture
@@ -27,6 +33,12 @@ def serve_and_collect():
             notes.append(f"{mode.name}: first-off-step log line {'seen' if 'first off-step' in text else 'NOT seen'}")
             recorded = "recorded the light draft write" in text
             notes.append(f"{mode.name}: light draft write {'recorded as CUDA graphs' if recorded else 'eager'}")
+            stalls = re.findall(r"Triton compiled (\w+)\(.*while serving", text)
+            notes.append(f"{mode.name}: Triton compiles while serving: {sorted(set(stalls)) or 'none'}")
+            warmed = sorted(set(stalls) & SPEC_STEP_TRITON_KERNELS)
+            if warmed:
+                problems.append(f"{mode.name}: a warmed speculative kernel compiled while serving: {warmed} "
+                                f"(log {srv.log_path})")
             if "the recorded light draft write differs" in text or "recording the light draft write failed" in text:
                 problems.append(f"{mode.name}: the recorded draft write failed its check (log {srv.log_path})")
         return outputs, problems, notes, text

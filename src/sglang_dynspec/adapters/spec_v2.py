@@ -34,7 +34,7 @@ from typing import Any
 
 from .. import compat
 from ..controller import StepMode
-from . import draft_kv, offstep_graphs, state
+from . import draft_kv, kernel_warmup, offstep_graphs, state
 from .draft_kv import LightSync
 from .profiler_ranges import span
 from .state import AdapterState
@@ -632,6 +632,33 @@ def prepare(worker, settings) -> None:
     st.plain_batches = problem is None
     logger.info("dynspec spec_v2: off-steps run as %s", "plain decode batches" if problem is None
                 else f"speculative batches ({problem})")
+    _warm_spec_kernels(worker)
+
+
+def _warm_spec_kernels(worker) -> None:
+    """Compile the speculative step's batch-size-keyed Triton kernels now (``kernel_warmup``), then
+    log any Triton compile that still stalls a step while serving."""
+    watching = kernel_warmup.WATCH.install()
+    try:
+        model_runner = worker.target_worker.model_runner
+        shape = kernel_warmup.WarmupShape(
+            max_batch=int(model_runner.max_running_requests),
+            draft_tokens=int(worker.speculative_num_draft_tokens),
+            topk=int(getattr(worker, "topk", 1) or 1),
+            accept_width=int(worker.speculative_num_steps) + 1,
+        )
+        report = kernel_warmup.warm(compat.spec_step_kernels(), model_runner.req_to_token_pool.req_to_token,
+                                    model_runner.token_to_kv_pool_allocator, shape)
+    except Exception:  # noqa: BLE001 - without the warm-up, first uses compile lazily as before
+        logger.exception("dynspec spec_v2: the speculative kernels' warm-up failed; they compile on first use")
+        return
+    finally:
+        kernel_warmup.WATCH.serving = watching
+    logger.info("dynspec spec_v2: warmed the speculative step's Triton kernels for batch sizes 1-%d in %.1f s "
+                "(%d variants compiled or loaded)%s", report.batch_sizes, report.seconds, len(report.compiled),
+                "" if watching else "; this Triton cannot report later compiles")
+    for name, why in report.failed.items():
+        logger.warning("dynspec spec_v2: %s was not warmed (%s); it compiles on first use", name, why)
 
 
 def light_prefill_problem(st: SpecV2State, settings) -> str | None:

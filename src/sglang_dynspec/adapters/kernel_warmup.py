@@ -1,0 +1,192 @@
+"""Compile, before serving, the Triton kernels a speculative step launches with batch-size-keyed
+constants, so that the first speculative step at a new batch size does not stall.
+
+SGLang's speculative prepare-for-decode, verify and (topk > 1) accepted-KV move launch small eager
+Triton kernels that take ``next_power_of_2(bs)`` as a ``tl.constexpr`` (``compat.SPEC_STEP_KERNELS``);
+Triton compiles each value on its first launch, 0.1-0.7 s without a warm disk cache.  A server
+that always speculates meets each size as its batches grow; with dynspec the first speculative
+step at a size can come at any time, right after a switch (``pair2i-row2``: 639 ms at bs 30).
+Off-steps never launch these kernels, so they do not warm them either.
+
+``warm`` launches SGLang's own wrappers once for every batch size up to the largest running batch,
+with empty work: zero-length ranges over a scratch row as wide as ``req_to_token`` (nothing is
+written to the request pools), and an accepted-KV move that accepts nothing, whose only copy is
+the KV pool's reserved slot 0 onto itself.  Every size, not one per power of two, so Triton's own
+specialisation of integer arguments (== 1, multiple of 16) is covered too.  ``CompileWatch`` then
+logs each Triton compile that still happens while serving, with the time its launch waited.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Callable
+
+logger = logging.getLogger("sglang_dynspec.adapters.kernel_warmup")
+
+
+@dataclass
+class WarmupShape:
+    """What the warm-up launches must look like to hit the variants serving will launch."""
+
+    max_batch: int  # the largest running batch (the model runner's max_running_requests)
+    draft_tokens: int  # verify rows per request (speculative_num_draft_tokens)
+    topk: int
+    accept_width: int  # accept_index's row width: speculative_num_steps + 1
+
+
+@dataclass
+class WarmupReport:
+    batch_sizes: int = 0
+    compiled: list[str] = field(default_factory=list)  # kernel variants compiled (or loaded) meanwhile
+    failed: dict[str, str] = field(default_factory=dict)  # kernel name -> why its warm-up stopped
+    seconds: float = 0.0
+
+
+@dataclass
+class _Scratch:
+    """Device tensors the empty launches read, sliced per batch size (slices keep alignment)."""
+
+    row: object  # (1, req_to_token width), req_to_token's dtype
+    pool_indices: object  # int64 zeros, as ScheduleBatch.req_pool_indices
+    lens32: object  # int32 zeros, as the prepare-for-decode's KV lengths
+    lens64: object  # int64 zeros, as ScheduleBatch.seq_lens
+    locs: object  # int64 zeros, as out_cache_loc
+    no_accept: object  # int32 -1s, as accept_index / num_correct_drafts with nothing accepted
+
+
+def _scratch(req_to_token, shape: WarmupShape) -> _Scratch:
+    import torch
+
+    dev, n = req_to_token.device, shape.max_batch
+    return _Scratch(
+        row=req_to_token.new_zeros((1, req_to_token.shape[1])),
+        pool_indices=torch.zeros(n, dtype=torch.int64, device=dev),
+        lens32=torch.zeros(n, dtype=torch.int32, device=dev),
+        lens64=torch.zeros(n, dtype=torch.int64, device=dev),
+        locs=torch.zeros(n * max(shape.draft_tokens, 1), dtype=torch.int64, device=dev),
+        no_accept=torch.full((n * max(shape.accept_width, 1),), -1, dtype=torch.int32, device=dev),
+    )
+
+
+def _assign_req_to_token_pool(fn, s: _Scratch, shape: WarmupShape, bs: int, _allocator) -> None:
+    fn(s.pool_indices[:bs], s.row, s.lens32[:bs], s.lens32[:bs], s.locs, bs)
+
+
+def _assign_extend_cache_locs(fn, s: _Scratch, shape: WarmupShape, bs: int, _allocator) -> None:
+    fn(req_pool_indices=s.pool_indices[:bs], req_to_token=s.row, start_offset=s.lens64[:bs],
+       end_offset=s.lens64[:bs], batch_size=bs, draft_token_num=shape.draft_tokens, device=s.row.device)
+
+
+def _move_accept_tokens(fn, s: _Scratch, shape: WarmupShape, bs: int, allocator) -> None:
+    batch = SimpleNamespace(seq_lens=s.lens64[:bs], req_pool_indices=s.pool_indices[:bs],
+                            req_to_token_pool=SimpleNamespace(req_to_token=s.row),
+                            out_cache_loc=s.locs[:bs * shape.draft_tokens])
+    accept_index = s.no_accept[:bs * shape.accept_width].view(bs, shape.accept_width)
+    fn(batch, accept_index, s.no_accept[:bs], allocator)
+
+
+# name (compat.SPEC_STEP_KERNELS) -> the empty launch; which ones a worker needs: _wanted
+_LAUNCHES: dict[str, Callable] = {
+    "assign_req_to_token_pool": _assign_req_to_token_pool,
+    "assign_extend_cache_locs": _assign_extend_cache_locs,
+    "move_accept_tokens": _move_accept_tokens,
+}
+
+
+def _wanted(name: str, shape: WarmupShape) -> bool:
+    return name != "move_accept_tokens" or shape.topk > 1
+
+
+def warm(kernels: dict, req_to_token, allocator, shape: WarmupShape) -> WarmupReport:
+    """Launch each of ``kernels`` (compat.spec_step_kernels()) with empty work at every batch size
+    1..max_batch; a kernel whose launch raises is reported and left to compile lazily."""
+    import torch
+
+    report = WarmupReport(batch_sizes=shape.max_batch)
+    todo = {name: fn for name, fn in kernels.items() if name in _LAUNCHES and _wanted(name, shape)}
+    if not todo or shape.max_batch < 1:
+        return report
+    t0 = time.perf_counter()
+    first = len(WATCH.compiled)
+    scratch = _scratch(req_to_token, shape)
+    for bs in range(1, shape.max_batch + 1):
+        for name in list(todo):
+            try:
+                _LAUNCHES[name](todo[name], scratch, shape, bs, allocator)
+            except Exception as exc:  # noqa: BLE001 - a release quirk must not stop serving
+                report.failed[name] = f"bs {bs}: {type(exc).__name__}: {exc}"
+                del todo[name]
+    if req_to_token.is_cuda:  # the compiles are done once the launches ran
+        torch.cuda.synchronize(req_to_token.device)
+    report.seconds = time.perf_counter() - t0
+    report.compiled = WATCH.compiled[first:]
+    return report
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _runtime_knobs():
+    try:
+        import triton.knobs
+    except Exception:  # noqa: BLE001 - Triton < 3.4 has no knobs: nothing to watch
+        return None
+    rt = getattr(triton.knobs, "runtime", None)
+    return rt if hasattr(rt, "jit_post_compile_hook") and hasattr(rt, "jit_cache_hook") else None
+
+
+def _describe(fn, constants) -> str:
+    """``kernel(constexpr=value, ...)`` from the hook's JitFunctionInfo and constants."""
+    params = getattr(getattr(fn, "jit_function", None), "params", [])
+    names = {(p.num,): p.name for p in params if getattr(p, "is_constexpr", False)}
+    shown = ", ".join(f"{names[k]}={v}" for k, v in (constants or {}).items() if k in names)
+    return f"{getattr(fn, 'name', '?')}({shown})"
+
+
+class CompileWatch:
+    """Records every Triton JIT compile (or disk-cache load) in this process with the time its
+    launch waited, through Triton's compile hooks (chained to hooks set before); once ``serving``
+    is set, each is also logged, because it stalled a step."""
+
+    def __init__(self) -> None:
+        self.installed = False
+        self.serving = False
+        self.compiled: list[str] = []
+        self._started: dict[str, float] = {}
+
+    def install(self) -> bool:
+        if self.installed:
+            return True
+        rt = _runtime_knobs()
+        if rt is None:
+            return False
+        before_pre, before_post = rt.jit_cache_hook, rt.jit_post_compile_hook
+
+        def pre(**kw):
+            self._started[str(kw.get("key"))] = time.perf_counter()
+            return before_pre(**kw) if before_pre else None
+
+        def post(**kw):
+            try:
+                self._record(kw)
+            except Exception:  # noqa: BLE001 - a diagnostic must never break a launch
+                pass
+            return before_post(**kw) if before_post else None
+
+        rt.jit_cache_hook, rt.jit_post_compile_hook = pre, post
+        self.installed = True
+        return True
+
+    def _record(self, kw) -> None:
+        t0 = self._started.pop(str(kw.get("key")), None)
+        ms = (time.perf_counter() - t0) * 1e3 if t0 is not None else float("nan")
+        what = _describe(kw.get("fn"), (kw.get("compile") or {}).get("constants"))
+        self.compiled.append(f"{what} {ms:.0f} ms")
+        if self.serving:
+            logger.info("dynspec: Triton compiled %s while serving; the launching step waited %.0f ms", what, ms)
+
+
+WATCH = CompileWatch()

@@ -1,0 +1,186 @@
+"""The speculative kernels' warm-up (adapters/kernel_warmup.py) against the installed SGLang: the
+release's batch-size-keyed helpers are found where its worker calls them from, and ``warm`` drives
+SGLang's real wrappers at every batch size with empty work.  Only the Triton launches themselves
+are recorded instead of run (they need a GPU; tests/gpu/test_kernel_warmup_gpu.py runs them)."""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+from packaging.version import Version
+
+from sglang_dynspec import compat
+from sglang_dynspec.adapters import kernel_warmup
+
+pytestmark = pytest.mark.sglang
+
+
+def _expected_names(version: Version) -> set[str]:
+    names = {"assign_req_to_token_pool"}
+    if version < Version("0.5.16"):
+        names.add("assign_extend_cache_locs")
+    if version >= Version("0.5.13"):
+        names.add("move_accept_tokens")
+    return names
+
+
+def test_the_release_helpers_are_found(sglang_version):
+    found = compat.spec_step_kernels()
+    assert set(found) == _expected_names(sglang_version)
+    assert all(callable(fn) for fn in found.values())
+
+
+def test_the_found_helpers_are_the_ones_the_worker_calls(sglang_version):
+    found = compat.spec_step_kernels()
+    if "move_accept_tokens" in found and sglang_version < Version("0.5.16"):
+        worker_module = importlib.import_module("sglang.srt.speculative.eagle_worker_v2")
+        assert found["move_accept_tokens"] is worker_module.move_accept_tokens_to_target_kvcache
+    if sglang_version < Version("0.5.13"):
+        info = importlib.import_module("sglang.srt.speculative.eagle_info_v2")
+        assert found["assign_extend_cache_locs"] is info.assign_extend_cache_locs_func
+
+
+class _RecordedKernel:
+    """Stands in for one @triton.jit kernel: records each launch's grid and arguments."""
+
+    def __init__(self, name):
+        self.name = name
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((grid, args, kwargs))
+
+        return launch
+
+
+class _RecordedPool:
+    def __init__(self):
+        self.moves = []
+
+    def move_kv_cache(self, tgt_loc, src_loc):
+        self.moves.append((tgt_loc.clone(), src_loc.clone()))
+
+
+KERNEL_GLOBALS = ("assign_req_to_token_pool", "assign_extend_cache_locs", "fill_accept_out_cache_loc")
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """compat.spec_step_kernels() with their Triton kernels recorded, and a recorded KV pool."""
+    found = compat.spec_step_kernels()
+    kernels = {}
+    for fn in found.values():
+        for name in KERNEL_GLOBALS:
+            if name in fn.__globals__:
+                kernels.setdefault(name, _RecordedKernel(name))
+                monkeypatch.setitem(fn.__globals__, name, kernels[name])
+        # The wrappers launch only where CUDA is present; this test stands in for it.
+        if "_is_cuda" in fn.__globals__:
+            monkeypatch.setitem(fn.__globals__, "_is_cuda", True)
+    pool = _RecordedPool()
+    return found, kernels, pool, SimpleNamespace(get_kvcache=lambda: pool)
+
+
+def _next_pow2(n):
+    return 1 << (n - 1).bit_length()
+
+
+@pytest.mark.parametrize("topk", [1, 4])
+def test_warm_launches_every_batch_size_with_empty_work(recorded, topk):
+    found, kernels, pool, allocator = recorded
+    if topk > 1 and "move_accept_tokens" in found and "fill_accept_out_cache_loc" not in kernels:
+        pytest.skip(f"sglang {compat.sglang_version()} launches the accepted-KV move's kernels through "
+                    "wrappers in another package, not recorded here")
+    req_to_token = torch.full((9, 300), 7, dtype=torch.int32)
+    before = req_to_token.clone()
+    shape = kernel_warmup.WarmupShape(max_batch=37, draft_tokens=16 if topk > 1 else 3, topk=topk,
+                                      accept_width=4)
+    report = kernel_warmup.warm(found, req_to_token, allocator, shape)
+
+    assert report.failed == {}
+    assert torch.equal(req_to_token, before)  # the request pool is never an argument
+    sizes = list(range(1, 38))
+    for name in ("assign_req_to_token_pool", "assign_extend_cache_locs"):
+        if name not in kernels:
+            continue
+        launches = kernels[name].launches
+        if name == "assign_extend_cache_locs" and "move_accept_tokens" in found and topk > 1:
+            launches = launches[::2]  # the verify's launch, then the accepted-KV move's, per size
+        assert [grid[0] for grid, _, _ in launches] == sizes
+        for (grid, args, _), bs in zip(launches, sizes):
+            pool_indices, row, start, end, _out, pool_len, bs_upper = args
+            assert (pool_len, bs_upper) == (300, _next_pow2(bs))
+            assert row.shape == (1, 300) and row.dtype == torch.int32 and row.data_ptr() != req_to_token.data_ptr()
+            assert pool_indices.dtype == torch.int64 and len(pool_indices) == bs
+            assert torch.equal(start, end)  # empty ranges: nothing is read from or written to a row
+    if "move_accept_tokens" in found and topk > 1:
+        fill = kernels["fill_accept_out_cache_loc"].launches
+        assert [grid[0] for grid, _, _ in fill] == [bs * 4 for bs in sizes]
+        assert all(bool((args[0] == -1).all()) for _, args, _ in fill)  # nothing accepted
+        assert len(pool.moves) == len(sizes)
+        assert all(not tgt.any() and not src.any() for tgt, src in pool.moves)  # slot 0 onto itself
+    else:
+        assert pool.moves == []
+        assert not kernels.get("fill_accept_out_cache_loc") or not kernels["fill_accept_out_cache_loc"].launches
+
+
+def test_a_failing_helper_is_reported_and_the_others_still_warm(recorded, monkeypatch):
+    found, kernels, _pool, allocator = recorded
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such kernel here")
+
+    found = dict(found, assign_req_to_token_pool=broken)
+    shape = kernel_warmup.WarmupShape(max_batch=5, draft_tokens=3, topk=1, accept_width=3)
+    report = kernel_warmup.warm(found, torch.zeros((2, 64), dtype=torch.int32), allocator, shape)
+    assert report.failed == {"assign_req_to_token_pool": "bs 1: RuntimeError: no such kernel here"}
+    if "assign_extend_cache_locs" in kernels:
+        assert [grid[0] for grid, _, _ in kernels["assign_extend_cache_locs"].launches] == [1, 2, 3, 4, 5]
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def knobs(monkeypatch):
+    rt = kernel_warmup._runtime_knobs()
+    if rt is None:
+        pytest.skip("this Triton has no compile hooks (triton.knobs, Triton >= 3.4)")
+    monkeypatch.setattr(rt, "jit_cache_hook", None)
+    monkeypatch.setattr(rt, "jit_post_compile_hook", None)
+    return rt
+
+
+def _fake_fn(name, constexprs):
+    params = [SimpleNamespace(num=i, name=n, is_constexpr=True) for i, n in enumerate(constexprs)]
+    return SimpleNamespace(name=name, jit_function=SimpleNamespace(params=params))
+
+
+def test_the_compile_watch_records_logs_and_chains(knobs, caplog):
+    seen = []
+    knobs.jit_post_compile_hook = lambda **kw: seen.append(kw["key"])
+    watch = kernel_warmup.CompileWatch()
+    assert watch.install()
+    fn = _fake_fn("assign_extend_cache_locs", ["pool_len", "bs_upper"])
+    compile_info = {"constants": {(0,): 4096, (1,): 32}}
+
+    assert not knobs.jit_cache_hook(key="k1", repr="", fn=fn, compile=compile_info, is_manual_warmup=False,
+                                    already_compiled=False)
+    knobs.jit_post_compile_hook(key="k1", repr="", fn=fn, compile=compile_info, is_manual_warmup=False,
+                                already_compiled=False)
+    assert len(watch.compiled) == 1 and watch.compiled[0].startswith("assign_extend_cache_locs(pool_len=4096, bs_upper=32) ")
+    assert seen == ["k1"]  # the hook set before still runs
+    assert "while serving" not in caplog.text
+
+    watch.serving = True
+    with caplog.at_level("INFO", logger="sglang_dynspec.adapters.kernel_warmup"):
+        knobs.jit_cache_hook(key="k2", repr="", fn=fn, compile=compile_info, is_manual_warmup=False,
+                             already_compiled=False)
+        knobs.jit_post_compile_hook(key="k2", repr="", fn=fn, compile=compile_info, is_manual_warmup=False,
+                                    already_compiled=False)
+    assert "Triton compiled assign_extend_cache_locs(pool_len=4096, bs_upper=32) while serving" in caplog.text
+    assert seen == ["k1", "k2"]
