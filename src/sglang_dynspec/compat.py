@@ -350,6 +350,14 @@ def spec_step_kernels() -> dict:
     return found
 
 
+def triton_kv_splits(model_runner):
+    """The Triton attention backend's ``get_num_kv_splits`` of ``model_runner`` (None on other
+    backends): its kernel is launched eagerly around every decode, verify and draft graph replay."""
+    backend = getattr(model_runner, "attn_backend", None)
+    fn = getattr(backend, "get_num_kv_splits", None)
+    return fn if callable(fn) else None
+
+
 def only_fields(cls, **values) -> dict:
     """Keep the keyword values ``cls`` (a dataclass) knows; field names changed across releases."""
     names = dataclass_field_names(cls)

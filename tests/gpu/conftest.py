@@ -6,9 +6,10 @@ import re
 
 import pytest
 
-# The Triton kernels behind compat.SPEC_STEP_KERNELS (adapters/kernel_warmup.py warms them at start).
+# The Triton kernels adapters/kernel_warmup.py compiles at start (compat.SPEC_STEP_KERNELS and the
+# Triton attention backend's kv-splits kernel).
 SPEC_STEP_TRITON_KERNELS = {"assign_req_to_token_pool", "assign_extend_cache_locs", "fill_accept_out_cache_loc",
-                            "copy_all_layer_kv_cache_tiled"}
+                            "copy_all_layer_kv_cache_tiled", "get_num_kv_splits_triton"}
 
 
 @pytest.fixture

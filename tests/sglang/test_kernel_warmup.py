@@ -110,7 +110,12 @@ def test_warm_launches_every_batch_size_with_empty_work(recorded, topk):
         launches = kernels[name].launches
         if name == "assign_extend_cache_locs" and "move_accept_tokens" in found and topk > 1:
             launches = launches[::2]  # the verify's launch, then the accepted-KV move's, per size
-        assert [grid[0] for grid, _, _ in launches] == sizes
+        assert [grid[0] for grid, _, _ in launches] == [bs for bs in sizes for _ in
+                                                          range(2 if name == "assign_req_to_token_pool" else 1)]
+        if name == "assign_req_to_token_pool":  # out_cache_loc aligned, then at an odd int64 offset
+            aligned = [args[4].data_ptr() % 16 == 0 for _, args, _ in launches[:2]]
+            assert aligned == [True, False]
+            launches = launches[::2]
         for (grid, args, _), bs in zip(launches, sizes):
             pool_indices, row, start, end, _out, pool_len, bs_upper = args
             assert (pool_len, bs_upper) == (300, _next_pow2(bs))
@@ -140,6 +145,30 @@ def test_a_failing_helper_is_reported_and_the_others_still_warm(recorded, monkey
     assert report.failed == {"assign_req_to_token_pool": "bs 1: RuntimeError: no such kernel here"}
     if "assign_extend_cache_locs" in kernels:
         assert [grid[0] for grid, _, _ in kernels["assign_extend_cache_locs"].launches] == [1, 2, 3, 4, 5]
+
+
+def test_the_attention_backends_kv_splits_are_warmed_per_rows_per_request_and_lens_dtype():
+    calls = []
+
+    def get_num_kv_splits(num_kv_splits, seq_lens):  # the shape of TritonAttnBackend's method
+        calls.append((len(num_kv_splits), len(seq_lens), seq_lens.dtype, num_kv_splits.dtype))
+
+    shape = kernel_warmup.WarmupShape(max_batch=3, draft_tokens=16, topk=4, accept_width=3,
+                                      kv_splits=get_num_kv_splits)
+    report = kernel_warmup.warm({}, torch.zeros((2, 64), dtype=torch.int32), None, shape)
+    assert report.failed == {}
+    expected = [(bs * group, bs, dtype, torch.int32) for bs in (1, 2, 3) for group in (1, 4, 16)
+                for dtype in (torch.int64, torch.int32)]
+    assert calls == expected
+
+
+def test_the_triton_backend_method_is_found_only_on_a_triton_backend():
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    backend = TritonAttnBackend.__new__(TritonAttnBackend)  # the method, not a GPU-built instance
+    assert compat.triton_kv_splits(SimpleNamespace(attn_backend=backend)).__func__ is TritonAttnBackend.get_num_kv_splits
+    assert compat.triton_kv_splits(SimpleNamespace(attn_backend=object())) is None
+    assert compat.triton_kv_splits(SimpleNamespace()) is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,9 +207,10 @@ def test_the_compile_watch_records_logs_and_chains(knobs, caplog):
 
     watch.serving = True
     with caplog.at_level("INFO", logger="sglang_dynspec.adapters.kernel_warmup"):
-        knobs.jit_cache_hook(key="k2", repr="", fn=fn, compile=compile_info, is_manual_warmup=False,
+        knobs.jit_cache_hook(key="k2", repr="the repr", fn=fn, compile=compile_info, is_manual_warmup=False,
                              already_compiled=False)
-        knobs.jit_post_compile_hook(key="k2", repr="", fn=fn, compile=compile_info, is_manual_warmup=False,
+        knobs.jit_post_compile_hook(key="k2", repr="the repr", fn=fn, compile=compile_info, is_manual_warmup=False,
                                     already_compiled=False)
     assert "Triton compiled assign_extend_cache_locs(pool_len=4096, bs_upper=32) while serving" in caplog.text
+    assert "[the repr]" in caplog.text  # Triton's argument types: alignment and divisibility marks
     assert seen == ["k1", "k2"]

@@ -35,6 +35,9 @@ class WarmupShape:
     draft_tokens: int  # verify rows per request (speculative_num_draft_tokens)
     topk: int
     accept_width: int  # accept_index's row width: speculative_num_steps + 1
+    # SGLang's Triton attention backend's get_num_kv_splits(num_kv_splits, seq_lens), or None: its
+    # kernel keys on the row count (== 1, multiple of 16), the rows per request and seq_lens' dtype.
+    kv_splits: Callable | None = None
 
 
 @dataclass
@@ -54,6 +57,7 @@ class _Scratch:
     lens32: object  # int32 zeros, as the prepare-for-decode's KV lengths
     lens64: object  # int64 zeros, as ScheduleBatch.seq_lens
     locs: object  # int64 zeros, as out_cache_loc
+    splits: object  # int32, as the attention backend's num_kv_splits
     no_accept: object  # int32 -1s, as accept_index / num_correct_drafts with nothing accepted
 
 
@@ -66,13 +70,17 @@ def _scratch(req_to_token, shape: WarmupShape) -> _Scratch:
         pool_indices=torch.zeros(n, dtype=torch.int64, device=dev),
         lens32=torch.zeros(n, dtype=torch.int32, device=dev),
         lens64=torch.zeros(n, dtype=torch.int64, device=dev),
-        locs=torch.zeros(n * max(shape.draft_tokens, 1), dtype=torch.int64, device=dev),
+        locs=torch.zeros(n * max(shape.draft_tokens, 1) + 1, dtype=torch.int64, device=dev),
+        splits=torch.zeros(n * max(shape.draft_tokens, shape.topk, 1), dtype=torch.int32, device=dev),
         no_accept=torch.full((n * max(shape.accept_width, 1),), -1, dtype=torch.int32, device=dev),
     )
 
 
 def _assign_req_to_token_pool(fn, s: _Scratch, shape: WarmupShape, bs: int, _allocator) -> None:
-    fn(s.pool_indices[:bs], s.row, s.lens32[:bs], s.lens32[:bs], s.locs, bs)
+    # The allocator hands out slices of its free list, at any offset: Triton specialises a pointer
+    # on 16-byte alignment, so both (an int64 slice at an odd offset is not aligned).
+    for locs in (s.locs, s.locs[1:]):
+        fn(s.pool_indices[:bs], s.row, s.lens32[:bs], s.lens32[:bs], locs, bs)
 
 
 def _assign_extend_cache_locs(fn, s: _Scratch, shape: WarmupShape, bs: int, _allocator) -> None:
@@ -88,11 +96,21 @@ def _move_accept_tokens(fn, s: _Scratch, shape: WarmupShape, bs: int, allocator)
     fn(batch, accept_index, s.no_accept[:bs], allocator)
 
 
-# name (compat.SPEC_STEP_KERNELS) -> the empty launch; which ones a worker needs: _wanted
+def _attention_kv_splits(fn, s: _Scratch, shape: WarmupShape, bs: int, _allocator) -> None:
+    # Rows per request: 1 (decode, draft-extend), topk (draft decode), draft_tokens (verify);
+    # seq_lens arrive as int64 (a batch's) or int32 (a graph runner's buffer).
+    for group in sorted({1, shape.topk, shape.draft_tokens}):
+        for lens in (s.lens64, s.lens32):
+            fn(s.splits[:bs * group], lens[:bs])
+
+
+# name (compat.SPEC_STEP_KERNELS, or "attention_kv_splits") -> the empty launch; which ones a worker
+# needs: _wanted
 _LAUNCHES: dict[str, Callable] = {
     "assign_req_to_token_pool": _assign_req_to_token_pool,
     "assign_extend_cache_locs": _assign_extend_cache_locs,
     "move_accept_tokens": _move_accept_tokens,
+    "attention_kv_splits": _attention_kv_splits,
 }
 
 
@@ -106,6 +124,7 @@ def warm(kernels: dict, req_to_token, allocator, shape: WarmupShape) -> WarmupRe
     import torch
 
     report = WarmupReport(batch_sizes=shape.max_batch)
+    kernels = dict(kernels, attention_kv_splits=shape.kv_splits) if shape.kv_splits else kernels
     todo = {name: fn for name, fn in kernels.items() if name in _LAUNCHES and _wanted(name, shape)}
     if not todo or shape.max_batch < 1:
         return report
@@ -186,7 +205,10 @@ class CompileWatch:
         what = _describe(kw.get("fn"), (kw.get("compile") or {}).get("constants"))
         self.compiled.append(f"{what} {ms:.0f} ms")
         if self.serving:
-            logger.info("dynspec: Triton compiled %s while serving; the launching step waited %.0f ms", what, ms)
+            # The argument types too (Triton's repr): a variant differs by pointer alignment and
+            # integer divisibility as well as by its constants.
+            logger.info("dynspec: Triton compiled %s while serving; the launching step waited %.0f ms [%s]",
+                        what, ms, kw.get("repr", ""))
 
 
 WATCH = CompileWatch()
