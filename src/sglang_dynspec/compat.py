@@ -358,6 +358,14 @@ def triton_kv_splits(model_runner):
     return fn if callable(fn) else None
 
 
+def draft_kv_indices(worker):
+    """The draft's multi-step attention backend's ``common_template`` (None without one): it fills
+    the draft steps' KV indices before every draft forward, graph replay included."""
+    backend = getattr(getattr(worker, "draft_worker", None), "draft_attn_backend", None)
+    fn = getattr(backend, "common_template", None)
+    return fn if callable(fn) else None
+
+
 def only_fields(cls, **values) -> dict:
     """Keep the keyword values ``cls`` (a dataclass) knows; field names changed across releases."""
     names = dataclass_field_names(cls)

@@ -6,10 +6,11 @@ import re
 
 import pytest
 
-# The Triton kernels adapters/kernel_warmup.py compiles at start (compat.SPEC_STEP_KERNELS and the
-# Triton attention backend's kv-splits kernel).
+# The Triton kernels adapters/kernel_warmup.py compiles at start (compat.SPEC_STEP_KERNELS, the
+# Triton attention backend's kv-splits kernel and the draft backend's KV-index kernel).
 SPEC_STEP_TRITON_KERNELS = {"assign_req_to_token_pool", "assign_extend_cache_locs", "fill_accept_out_cache_loc",
-                            "copy_all_layer_kv_cache_tiled", "get_num_kv_splits_triton"}
+                            "copy_all_layer_kv_cache_tiled", "get_num_kv_splits_triton",
+                            "generate_draft_decode_kv_indices"}
 
 
 @pytest.fixture

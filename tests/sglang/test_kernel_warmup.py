@@ -162,6 +162,28 @@ def test_the_attention_backends_kv_splits_are_warmed_per_rows_per_request_and_le
     assert calls == expected
 
 
+def test_the_draft_kv_indices_are_warmed_on_int64_seq_lens_of_empty_requests():
+    calls = []
+
+    def common_template(forward_batch, kv_indices_buffer, call_fn):  # the multi-step backend's shape
+        calls.append((forward_batch.batch_size, forward_batch.seq_lens.dtype, int(forward_batch.seq_lens.sum()),
+                      len(forward_batch.positions), forward_batch.req_to_token_pool.req_to_token.shape,
+                      kv_indices_buffer, call_fn))
+
+    shape = kernel_warmup.WarmupShape(max_batch=3, draft_tokens=8, topk=2, accept_width=3,
+                                      draft_kv_indices=common_template)
+    report = kernel_warmup.warm({}, torch.zeros((2, 64), dtype=torch.int32), None, shape)
+    assert report.failed == {}
+    assert calls == [(bs, torch.int64, 0, bs * 2, (1, 64), None, None) for bs in (1, 2, 3)]
+
+
+def test_the_draft_backend_template_is_found_where_the_worker_has_one():
+    backend = SimpleNamespace(common_template=lambda *a: None)
+    worker = SimpleNamespace(draft_worker=SimpleNamespace(draft_attn_backend=backend))
+    assert compat.draft_kv_indices(worker) is backend.common_template
+    assert compat.draft_kv_indices(SimpleNamespace(draft_worker=SimpleNamespace(draft_attn_backend=None))) is None
+
+
 def test_the_triton_backend_method_is_found_only_on_a_triton_backend():
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
@@ -184,8 +206,9 @@ def knobs(monkeypatch):
     return rt
 
 
-def _fake_fn(name, constexprs):
+def _fake_fn(name, constexprs, runtime=("seq_lens", "num_seq")):
     params = [SimpleNamespace(num=i, name=n, is_constexpr=True) for i, n in enumerate(constexprs)]
+    params += [SimpleNamespace(num=len(constexprs) + i, name=n, is_constexpr=False) for i, n in enumerate(runtime)]
     return SimpleNamespace(name=name, jit_function=SimpleNamespace(params=params))
 
 
@@ -195,7 +218,10 @@ def test_the_compile_watch_records_logs_and_chains(knobs, caplog):
     watch = kernel_warmup.CompileWatch()
     assert watch.install()
     fn = _fake_fn("assign_extend_cache_locs", ["pool_len", "bs_upper"])
-    compile_info = {"constants": {(0,): 4096, (1,): 32}}
+    # As Triton 3.6 passes them: constants and attributes keyed by argument path, signature by name.
+    compile_info = {"constants": {(0,): 4096, (1,): 32},
+                    "signature": {"pool_len": "constexpr", "bs_upper": "constexpr", "seq_lens": "*i64", "num_seq": "i32"},
+                    "configs": [{(2,): [["tt.divisibility", 16]]}]}
 
     assert not knobs.jit_cache_hook(key="k1", repr="", fn=fn, compile=compile_info, is_manual_warmup=False,
                                     already_compiled=False)
@@ -212,5 +238,6 @@ def test_the_compile_watch_records_logs_and_chains(knobs, caplog):
         knobs.jit_post_compile_hook(key="k2", repr="the repr", fn=fn, compile=compile_info, is_manual_warmup=False,
                                     already_compiled=False)
     assert "Triton compiled assign_extend_cache_locs(pool_len=4096, bs_upper=32) while serving" in caplog.text
-    assert "[the repr]" in caplog.text  # Triton's argument types: alignment and divisibility marks
+    # The argument types: dtype, and /16 where Triton specialised on 16-byte alignment / divisibility.
+    assert "[seq_lens:*i64/16, num_seq:i32]" in caplog.text
     assert seen == ["k1", "k2"]

@@ -38,6 +38,10 @@ class WarmupShape:
     # SGLang's Triton attention backend's get_num_kv_splits(num_kv_splits, seq_lens), or None: its
     # kernel keys on the row count (== 1, multiple of 16), the rows per request and seq_lens' dtype.
     kv_splits: Callable | None = None
+    # The draft's multi-step attention backend's common_template(forward_batch, kv_indices, call_fn),
+    # or None: its KV-index kernel keys on the batch size and, at a graph replay without padding, is
+    # launched on the batch's own int64 seq_lens, where the capture used the runner's int32 buffer.
+    draft_kv_indices: Callable | None = None
 
 
 @dataclass
@@ -55,7 +59,7 @@ class _Scratch:
     row: object  # (1, req_to_token width), req_to_token's dtype
     pool_indices: object  # int64 zeros, as ScheduleBatch.req_pool_indices
     lens32: object  # int32 zeros, as the prepare-for-decode's KV lengths
-    lens64: object  # int64 zeros, as ScheduleBatch.seq_lens
+    lens64: object  # int64 zeros, as ScheduleBatch.seq_lens (and positions: max_batch * topk)
     locs: object  # int64 zeros, as out_cache_loc
     splits: object  # int32, as the attention backend's num_kv_splits
     no_accept: object  # int32 -1s, as accept_index / num_correct_drafts with nothing accepted
@@ -69,7 +73,7 @@ def _scratch(req_to_token, shape: WarmupShape) -> _Scratch:
         row=req_to_token.new_zeros((1, req_to_token.shape[1])),
         pool_indices=torch.zeros(n, dtype=torch.int64, device=dev),
         lens32=torch.zeros(n, dtype=torch.int32, device=dev),
-        lens64=torch.zeros(n, dtype=torch.int64, device=dev),
+        lens64=torch.zeros(n * max(shape.topk, 1), dtype=torch.int64, device=dev),
         locs=torch.zeros(n * max(shape.draft_tokens, 1) + 1, dtype=torch.int64, device=dev),
         splits=torch.zeros(n * max(shape.draft_tokens, shape.topk, 1), dtype=torch.int32, device=dev),
         no_accept=torch.full((n * max(shape.accept_width, 1),), -1, dtype=torch.int32, device=dev),
@@ -104,13 +108,23 @@ def _attention_kv_splits(fn, s: _Scratch, shape: WarmupShape, bs: int, _allocato
             fn(s.splits[:bs * group], lens[:bs])
 
 
-# name (compat.SPEC_STEP_KERNELS, or "attention_kv_splits") -> the empty launch; which ones a worker
-# needs: _wanted
+def _draft_kv_indices(fn, s: _Scratch, shape: WarmupShape, bs: int, _allocator) -> None:
+    # Zero-length requests: only the backend's own index buffers are written, which every draft
+    # step (graph replay or eager) rewrites before reading.
+    batch = SimpleNamespace(batch_size=bs, req_pool_indices=s.pool_indices[:bs], seq_lens=s.lens64[:bs],
+                            positions=s.lens64[:bs * shape.topk], seq_lens_sum=0, spec_info=None,
+                            req_to_token_pool=SimpleNamespace(req_to_token=s.row))
+    fn(batch, None, None)
+
+
+# name (compat.SPEC_STEP_KERNELS, "attention_kv_splits", "draft_kv_indices") -> the empty launch;
+# which ones a worker needs: _wanted
 _LAUNCHES: dict[str, Callable] = {
     "assign_req_to_token_pool": _assign_req_to_token_pool,
     "assign_extend_cache_locs": _assign_extend_cache_locs,
     "move_accept_tokens": _move_accept_tokens,
     "attention_kv_splits": _attention_kv_splits,
+    "draft_kv_indices": _draft_kv_indices,
 }
 
 
@@ -124,7 +138,8 @@ def warm(kernels: dict, req_to_token, allocator, shape: WarmupShape) -> WarmupRe
     import torch
 
     report = WarmupReport(batch_sizes=shape.max_batch)
-    kernels = dict(kernels, attention_kv_splits=shape.kv_splits) if shape.kv_splits else kernels
+    backend_kernels = {"attention_kv_splits": shape.kv_splits, "draft_kv_indices": shape.draft_kv_indices}
+    kernels = dict(kernels, **{name: fn for name, fn in backend_kernels.items() if fn is not None})
     todo = {name: fn for name, fn in kernels.items() if name in _LAUNCHES and _wanted(name, shape)}
     if not todo or shape.max_batch < 1:
         return report
@@ -155,6 +170,23 @@ def _runtime_knobs():
         return None
     rt = getattr(triton.knobs, "runtime", None)
     return rt if hasattr(rt, "jit_post_compile_hook") and hasattr(rt, "jit_cache_hook") else None
+
+
+def _arg_types(fn, compile_info) -> str:
+    """``name:*i64/16, ...``: each runtime argument's type, /16 where Triton specialised it on
+    divisibility by 16 (a pointer's alignment, an integer's value)."""
+    params = getattr(getattr(fn, "jit_function", None), "params", [])
+    signature = compile_info.get("signature") or {}
+    configs = compile_info.get("configs") or [{}]
+    attrs = configs[0] if configs and isinstance(configs[0], dict) else {}
+    shown = []
+    for p in params:
+        kind = signature.get(p.name)
+        if getattr(p, "is_constexpr", False) or kind in (None, "constexpr"):
+            continue
+        div16 = any("divisibility" in str(a) for a in attrs.get((p.num,), []))
+        shown.append(f"{p.name}:{kind}{'/16' if div16 else ''}")
+    return ", ".join(shown)
 
 
 def _describe(fn, constants) -> str:
@@ -205,10 +237,10 @@ class CompileWatch:
         what = _describe(kw.get("fn"), (kw.get("compile") or {}).get("constants"))
         self.compiled.append(f"{what} {ms:.0f} ms")
         if self.serving:
-            # The argument types too (Triton's repr): a variant differs by pointer alignment and
-            # integer divisibility as well as by its constants.
+            # The argument types too: a variant differs by dtype, pointer alignment and integer
+            # divisibility as well as by its constants.
             logger.info("dynspec: Triton compiled %s while serving; the launching step waited %.0f ms [%s]",
-                        what, ms, kw.get("repr", ""))
+                        what, ms, _arg_types(kw.get("fn"), kw.get("compile") or {}))
 
 
 WATCH = CompileWatch()

@@ -647,6 +647,7 @@ def _warm_spec_kernels(worker) -> None:
             topk=int(getattr(worker, "topk", 1) or 1),
             accept_width=int(worker.speculative_num_steps) + 1,
             kv_splits=compat.triton_kv_splits(model_runner),
+            draft_kv_indices=compat.draft_kv_indices(worker),
         )
         report = kernel_warmup.warm(compat.spec_step_kernels(), model_runner.req_to_token_pool.req_to_token,
                                     model_runner.token_to_kv_pool_allocator, shape)
