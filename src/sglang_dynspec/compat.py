@@ -358,12 +358,19 @@ def triton_kv_splits(model_runner):
     return fn if callable(fn) else None
 
 
+TRITON_MULTI_STEP_DRAFT_BACKEND = "sglang.srt.layers.attention.triton_backend.TritonMultiStepDraftBackend"
+
+
 def draft_kv_indices(worker):
-    """The draft's multi-step attention backend's ``common_template`` (None without one): it fills
-    the draft steps' KV indices before every draft forward, graph replay included."""
+    """The ``common_template`` of the draft's Triton multi-step attention backend (None on other
+    backends, whose templates need a real draft input): it fills the draft steps' KV indices
+    before every draft forward, graph replay included."""
     backend = getattr(getattr(worker, "draft_worker", None), "draft_attn_backend", None)
-    fn = getattr(backend, "common_template", None)
-    return fn if callable(fn) else None
+    try:
+        triton_cls = resolve(TRITON_MULTI_STEP_DRAFT_BACKEND)[2]
+    except (ImportError, AttributeError):
+        return None
+    return backend.common_template if isinstance(backend, triton_cls) else None
 
 
 def only_fields(cls, **values) -> dict:

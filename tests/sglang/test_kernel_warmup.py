@@ -177,11 +177,17 @@ def test_the_draft_kv_indices_are_warmed_on_int64_seq_lens_of_empty_requests():
     assert calls == [(bs, torch.int64, 0, bs * 2, (1, 64), None, None) for bs in (1, 2, 3)]
 
 
-def test_the_draft_backend_template_is_found_where_the_worker_has_one():
-    backend = SimpleNamespace(common_template=lambda *a: None)
-    worker = SimpleNamespace(draft_worker=SimpleNamespace(draft_attn_backend=backend))
-    assert compat.draft_kv_indices(worker) is backend.common_template
-    assert compat.draft_kv_indices(SimpleNamespace(draft_worker=SimpleNamespace(draft_attn_backend=None))) is None
+def test_the_draft_backend_template_is_found_only_on_the_triton_multi_step_backend():
+    from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend
+
+    def worker(backend):
+        return SimpleNamespace(draft_worker=SimpleNamespace(draft_attn_backend=backend))
+
+    backend = TritonMultiStepDraftBackend.__new__(TritonMultiStepDraftBackend)  # the method, not a GPU-built one
+    assert compat.draft_kv_indices(worker(backend)).__func__ is TritonMultiStepDraftBackend.common_template
+    # flashinfer's template asserts a real draft input after its launch: not called with empty work
+    assert compat.draft_kv_indices(worker(SimpleNamespace(common_template=lambda *a: None))) is None
+    assert compat.draft_kv_indices(worker(None)) is None
 
 
 def test_the_triton_backend_method_is_found_only_on_a_triton_backend():
