@@ -46,7 +46,7 @@ class WarmupShape:
 
 @dataclass
 class WarmupReport:
-    batch_sizes: int = 0
+    batch_sizes: int = 0  # how many sizes were launched (batch_sizes())
     compiled: list[str] = field(default_factory=list)  # kernel variants compiled (or loaded) meanwhile
     failed: dict[str, str] = field(default_factory=dict)  # kernel name -> why its warm-up stopped
     seconds: float = 0.0
@@ -117,6 +117,30 @@ def _draft_kv_indices(fn, s: _Scratch, shape: WarmupShape, bs: int, _allocator) 
     fn(batch, None, None)
 
 
+DENSE_UP_TO = 256  # every batch size up to this one; beyond it, the sizes near powers of two only
+DIVISIBILITY = 16  # Triton specialises integers (and pointers) on divisibility by 16
+
+
+def batch_sizes(shape: WarmupShape) -> list[int]:
+    """The batch sizes to launch at: every one up to DENSE_UP_TO, and beyond it those within
+    DIVISIBILITY of a size where bs × w crosses a power of two, for each number w of rows per request
+    a kernel sizes itself by (1, topk, accept_width, draft_tokens).  Between such sizes no kernel's
+    constants change, and 16 consecutive sizes cover the divisibility classes on each side; the KV
+    copy's chunk remainders (a chunk is at most 256 rows) repeat within the dense range.  So
+    max_running_requests of 4096 costs ~10 % of its sizes, not all of them."""
+    top = shape.max_batch
+    sizes = set(range(1, min(top, DENSE_UP_TO) + 1))
+    widths = {1, max(shape.topk, 1), max(shape.accept_width, 1), max(shape.draft_tokens, 1)}
+    for w in widths:
+        power = 1
+        while power <= top * w:
+            edge = power // w  # the largest bs with bs * w <= power
+            sizes.update(range(max(edge - DIVISIBILITY, 1), min(edge + DIVISIBILITY, top) + 1))
+            power *= 2
+    sizes.add(top)
+    return sorted(b for b in sizes if 1 <= b <= top)
+
+
 # name (compat.SPEC_STEP_KERNELS, "attention_kv_splits", "draft_kv_indices") -> the empty launch;
 # which ones a worker needs: _wanted
 _LAUNCHES: dict[str, Callable] = {
@@ -133,11 +157,13 @@ def _wanted(name: str, shape: WarmupShape) -> bool:
 
 
 def warm(kernels: dict, req_to_token, allocator, shape: WarmupShape) -> WarmupReport:
-    """Launch each of ``kernels`` (compat.spec_step_kernels()) with empty work at every batch size
-    1..max_batch; a kernel whose launch raises is reported and left to compile lazily."""
+    """Launch each of ``kernels`` (compat.spec_step_kernels()) and the shape's backend kernels with
+    empty work at ``batch_sizes(shape)``; a kernel whose launch raises is reported and left to
+    compile lazily."""
     import torch
 
-    report = WarmupReport(batch_sizes=shape.max_batch)
+    sizes = batch_sizes(shape)
+    report = WarmupReport(batch_sizes=len(sizes))
     backend_kernels = {"attention_kv_splits": shape.kv_splits, "draft_kv_indices": shape.draft_kv_indices}
     kernels = dict(kernels, **{name: fn for name, fn in backend_kernels.items() if fn is not None})
     todo = {name: fn for name, fn in kernels.items() if name in _LAUNCHES and _wanted(name, shape)}
@@ -146,7 +172,7 @@ def warm(kernels: dict, req_to_token, allocator, shape: WarmupShape) -> WarmupRe
     t0 = time.perf_counter()
     first = len(WATCH.compiled)
     scratch = _scratch(req_to_token, shape)
-    for bs in range(1, shape.max_batch + 1):
+    for bs in sizes:
         for name in list(todo):
             try:
                 _LAUNCHES[name](todo[name], scratch, shape, bs, allocator)

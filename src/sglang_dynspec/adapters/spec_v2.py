@@ -656,9 +656,9 @@ def _warm_spec_kernels(worker) -> None:
         return
     finally:
         kernel_warmup.WATCH.serving = watching
-    logger.info("dynspec spec_v2: warmed the speculative step's Triton kernels for batch sizes 1-%d in %.1f s "
-                "(%d variants compiled or loaded)%s", report.batch_sizes, report.seconds, len(report.compiled),
-                "" if watching else "; this Triton cannot report later compiles")
+    logger.info("dynspec spec_v2: warmed the speculative step's Triton kernels for batch sizes 1-%d (%d of them) "
+                "in %.1f s (%d variants compiled or loaded)%s", shape.max_batch, report.batch_sizes, report.seconds,
+                len(report.compiled), "" if watching else "; this Triton cannot report later compiles")
     for name, why in report.failed.items():
         logger.warning("dynspec spec_v2: %s was not warmed (%s); it compiles on first use", name, why)
 
