@@ -247,3 +247,46 @@ def test_the_compile_watch_records_logs_and_chains(knobs, caplog):
     # The argument types: dtype, and /16 where Triton specialised on 16-byte alignment / divisibility.
     assert "[seq_lens:*i64/16, num_seq:i32]" in caplog.text
     assert seen == ["k1", "k2"]
+
+
+def _worker(max_running_requests, topk, kv_splits=None):
+    """The attributes of an EAGLEWorkerV2 the warm-up reads (the real worker needs a GPU)."""
+    model_runner = SimpleNamespace(max_running_requests=max_running_requests,
+                                   req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros((4, 96), dtype=torch.int32)),
+                                   token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=_RecordedPool),
+                                   attn_backend=SimpleNamespace(get_num_kv_splits=kv_splits) if kv_splits else None)
+    return SimpleNamespace(target_worker=SimpleNamespace(model_runner=model_runner), speculative_num_draft_tokens=8,
+                           topk=topk, speculative_num_steps=3, draft_worker=SimpleNamespace(draft_attn_backend=None))
+
+
+@pytest.fixture
+def fresh_watch(monkeypatch):
+    """A new CompileWatch, and Triton's compile hooks restored after the test."""
+    rt = kernel_warmup._runtime_knobs()
+    if rt is not None:
+        monkeypatch.setattr(rt, "jit_cache_hook", rt.jit_cache_hook)
+        monkeypatch.setattr(rt, "jit_post_compile_hook", rt.jit_post_compile_hook)
+    monkeypatch.setattr(kernel_warmup, "WATCH", kernel_warmup.CompileWatch())
+
+
+def test_prepare_warms_from_the_worker_and_then_watches(recorded, fresh_watch, caplog):
+    from sglang_dynspec.adapters import spec_v2
+
+    _found, kernels, _pool, _allocator = recorded
+    splits = []
+    with caplog.at_level("INFO", logger="sglang_dynspec.adapters.spec_v2"):
+        spec_v2._warm_spec_kernels(_worker(300, 1, kv_splits=lambda n, lens: splits.append(len(lens))))
+    sizes = kernel_warmup.batch_sizes(kernel_warmup.WarmupShape(300, 8, 1, 4))
+    assert [grid[0] for grid, _, _ in kernels["assign_req_to_token_pool"].launches][::2] == sizes
+    assert sorted(set(splits)) == sizes  # the Triton backend's kv-splits, from model_runner.attn_backend
+    assert f"for batch sizes 1-300 ({len(sizes)} of them)" in caplog.text
+    assert kernel_warmup.WATCH.serving == kernel_warmup.WATCH.installed
+
+
+def test_a_worker_without_the_attributes_is_logged_and_serving_goes_on(fresh_watch, caplog):
+    from sglang_dynspec.adapters import spec_v2
+
+    with caplog.at_level("INFO", logger="sglang_dynspec.adapters.spec_v2"):
+        spec_v2._warm_spec_kernels(SimpleNamespace())  # nothing raised
+    assert "warm-up failed; they compile on first use" in caplog.text
+    assert kernel_warmup.WATCH.serving == kernel_warmup.WATCH.installed
