@@ -9,13 +9,14 @@ import importlib
 from types import SimpleNamespace
 
 import pytest
-import torch
 from packaging.version import Version
 
 from sglang_dynspec import compat
 from sglang_dynspec.adapters import kernel_warmup
 
 pytestmark = pytest.mark.sglang
+
+torch = pytest.importorskip("torch")
 
 
 def _expected_names(version: Version) -> set[str]:
