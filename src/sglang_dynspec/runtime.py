@@ -53,6 +53,11 @@ class WorkerState:
         self.hook_calls = dict.fromkeys(HOOK_NAMES, 0)
         self.prefill_graph_replays = 0  # EAGLE prefills that replayed the target's prefill graph
         self.light_prefills = 0  # prefills while off that wrote the draft KV directly (no draft extend)
+        # Host seconds and count of the worker's prefill forwards: the light one (while off) and
+        # SGLang's EAGLE prefill.  Under the overlap scheduler a forward only launches GPU work, so
+        # a large figure is CPU work or a wait inside it (row 4's high phases, pair2k-rows34).
+        self.prefill_host_s = {"light": 0.0, "upstream": 0.0}
+        self.prefill_calls = {"light": 0, "upstream": 0}
         # Off-steps run as plain decode batches (adapters/plain_batch.py): then every running batch's
         # step is decided at its memory check, and the forward runs what was decided there.
         self.plain = False
@@ -62,6 +67,10 @@ class WorkerState:
     def spent(self, hook: str, since: float) -> None:
         self.hook_cpu[hook] += time.perf_counter() - since
         self.hook_calls[hook] += 1
+
+    def prefill_took(self, kind: str, since: float) -> None:
+        self.prefill_host_s[kind] += time.perf_counter() - since
+        self.prefill_calls[kind] += 1
 
     def took_off_result(self, result) -> bool:
         """Whether ``result`` came from an off-step (forgotten once asked: one hook call per result)."""
@@ -79,6 +88,8 @@ class WorkerState:
         s["hook_calls"] = dict(self.hook_calls)
         s["prefill_graph_replays"] = self.prefill_graph_replays
         s["light_prefills"] = self.light_prefills
+        s["prefill_forward_host_ms"] = {k: round(1e3 * t / self.prefill_calls[k], 3) if self.prefill_calls[k] else None
+                                        for k, t in self.prefill_host_s.items()}
         s["offstep_batch"] = "plain" if self.plain else "speculative"
         s["plain_steps"] = self.plain_steps
         steps = c["decode_steps"]
@@ -262,12 +273,17 @@ def _forward(original, worker, batch, *args, **kwargs):
             st.optout_not_honoured += 1
         st.spent("forward", t0)
         # A prefill while off (the last, agreed decision): rank-identical like the decode steps.
+        t1 = time.perf_counter()
         if rows and ctl.prev is False:
             result = adapter.forward_prefill_off(worker, batch, *args, **kwargs)
             if result is not None:
                 st.light_prefills += 1
+                st.prefill_took("light", t1)
                 return result
-        return original(worker, batch, *args, **kwargs)
+        result = original(worker, batch, *args, **kwargs)
+        if rows:
+            st.prefill_took("upstream", t1)
+        return result
     mode = _decide(st, batch, bs, rb)
     st.spent("forward", t0)  # the decision; an off-step's own work is the step, timed as one
     if mode is StepMode.ON:

@@ -122,6 +122,10 @@ def test_prefills_while_off_go_to_the_adapter(state):
     assert st.adapter.prefills_off == [3, 2] and st.light_prefills == 1
     assert not is_off(st, light)  # a prefill's result is no decode result: nothing to skip
     assert st.snapshot()["light_prefills"] == 1
+    # host time per prefill forward, by kind: 1 light, 2 upstream (the one while on, the declined one)
+    assert st.prefill_calls == {"light": 1, "upstream": 2}
+    took = st.snapshot()["prefill_forward_host_ms"]
+    assert set(took) == {"light", "upstream"} and all(ms is not None and ms >= 0 for ms in took.values())
 
 
 def test_other_workers_untouched(state):
