@@ -2,18 +2,20 @@
 constants, so that the first speculative step at a new batch size does not stall.
 
 SGLang's speculative prepare-for-decode, verify and (topk > 1) accepted-KV move launch small eager
-Triton kernels that take ``next_power_of_2(bs)`` as a ``tl.constexpr`` (``compat.SPEC_STEP_KERNELS``);
-Triton compiles each value on its first launch, 0.1-0.7 s without a warm disk cache.  A server
-that always speculates meets each size as its batches grow; with dynspec the first speculative
-step at a size can come at any time, right after a switch (``pair2i-row2``: 639 ms at bs 30).
-Off-steps never launch these kernels, so they do not warm them either.
+Triton kernels that take ``next_power_of_2(bs)`` as a ``tl.constexpr`` (``compat.SPEC_STEP_KERNELS``),
+and so do the Triton attention backends' kv-splits and draft KV-index kernels around every graph
+replay.  Triton compiles each variant on its first launch (a new constant, or another argument
+dtype, alignment or integer class), 0.1-0.7 s without a warm disk cache.  A server that always
+speculates meets each size as its batches grow; with dynspec the first speculative step at a size
+can come at any time, right after a switch (``pair2i-row2``: 639 ms at bs 30).  Off-steps never
+launch these kernels, so they do not warm them either.
 
-``warm`` launches SGLang's own wrappers once for every batch size up to the largest running batch,
-with empty work: zero-length ranges over a scratch row as wide as ``req_to_token`` (nothing is
-written to the request pools), and an accepted-KV move that accepts nothing, whose only copy is
-the KV pool's reserved slot 0 onto itself.  Every size, not one per power of two, so Triton's own
-specialisation of integer arguments (== 1, multiple of 16) is covered too.  ``CompileWatch`` then
-logs each Triton compile that still happens while serving, with the time its launch waited.
+``warm`` launches SGLang's own functions at ``batch_sizes()`` with empty work: zero-length ranges
+over scratch tensors (a row as wide as ``req_to_token``; nothing is written to the request pools),
+an accepted-KV move that accepts nothing (its only copy: the KV pool's reserved slot 0 onto
+itself), and the draft backend's index fill for empty requests (its own buffers, rewritten before
+every draft step).  ``CompileWatch`` then logs each Triton compile that still happens while
+serving, with the time its launch waited and its argument types.
 """
 
 from __future__ import annotations
