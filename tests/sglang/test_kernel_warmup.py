@@ -154,9 +154,9 @@ def test_the_attention_backends_kv_splits_are_warmed_per_rows_per_request_and_le
     def get_num_kv_splits(num_kv_splits, seq_lens):  # the shape of TritonAttnBackend's method
         calls.append((len(num_kv_splits), len(seq_lens), seq_lens.dtype, num_kv_splits.dtype))
 
-    shape = kernel_warmup.WarmupShape(max_batch=3, draft_tokens=16, topk=4, accept_width=3,
-                                      kv_splits=get_num_kv_splits)
-    report = kernel_warmup.warm({}, torch.zeros((2, 64), dtype=torch.int32), None, shape)
+    shape = kernel_warmup.WarmupShape(max_batch=3, draft_tokens=16, topk=4, accept_width=3)
+    report = kernel_warmup.warm({"attention_kv_splits": get_num_kv_splits}, torch.zeros((2, 64), dtype=torch.int32),
+                                None, shape)
     assert report.failed == {}
     expected = [(bs * group, bs, dtype, torch.int32) for bs in (1, 2, 3) for group in (1, 4, 16)
                 for dtype in (torch.int64, torch.int32)]
@@ -171,9 +171,9 @@ def test_the_draft_kv_indices_are_warmed_on_int64_seq_lens_of_empty_requests():
                       len(forward_batch.positions), forward_batch.req_to_token_pool.req_to_token.shape,
                       kv_indices_buffer, call_fn))
 
-    shape = kernel_warmup.WarmupShape(max_batch=3, draft_tokens=8, topk=2, accept_width=3,
-                                      draft_kv_indices=common_template)
-    report = kernel_warmup.warm({}, torch.zeros((2, 64), dtype=torch.int32), None, shape)
+    shape = kernel_warmup.WarmupShape(max_batch=3, draft_tokens=8, topk=2, accept_width=3)
+    report = kernel_warmup.warm({"draft_kv_indices": common_template}, torch.zeros((2, 64), dtype=torch.int32),
+                                None, shape)
     assert report.failed == {}
     assert calls == [(bs, torch.int64, 0, bs * 2, (1, 64), None, None) for bs in (1, 2, 3)]
 

@@ -37,13 +37,6 @@ class WarmupShape:
     draft_tokens: int  # verify rows per request (speculative_num_draft_tokens)
     topk: int
     accept_width: int  # accept_index's row width: speculative_num_steps + 1
-    # SGLang's Triton attention backend's get_num_kv_splits(num_kv_splits, seq_lens), or None: its
-    # kernel keys on the row count (== 1, multiple of 16), the rows per request and seq_lens' dtype.
-    kv_splits: Callable | None = None
-    # The draft's multi-step attention backend's common_template(forward_batch, kv_indices, call_fn),
-    # or None: its KV-index kernel keys on the batch size and, at a graph replay without padding, is
-    # launched on the batch's own int64 seq_lens, where the capture used the runner's int32 buffer.
-    draft_kv_indices: Callable | None = None
 
 
 @dataclass
@@ -103,7 +96,8 @@ def _move_accept_tokens(fn, s: _Scratch, shape: WarmupShape, bs: int, allocator)
 
 
 def _attention_kv_splits(fn, s: _Scratch, shape: WarmupShape, bs: int, _allocator) -> None:
-    # Rows per request: 1 (decode, draft-extend), topk (draft decode), draft_tokens (verify);
+    # fn: the Triton attention backend's get_num_kv_splits(num_kv_splits, seq_lens); its kernel keys
+    # on the row count (== 1, multiple of 16), the rows per request and seq_lens' dtype.  Rows per request: 1 (decode, draft-extend), topk (draft decode), draft_tokens (verify);
     # seq_lens arrive as int64 (a batch's) or int32 (a graph runner's buffer).
     for group in sorted({1, shape.topk, shape.draft_tokens}):
         for lens in (s.lens64, s.lens32):
@@ -111,7 +105,9 @@ def _attention_kv_splits(fn, s: _Scratch, shape: WarmupShape, bs: int, _allocato
 
 
 def _draft_kv_indices(fn, s: _Scratch, shape: WarmupShape, bs: int, _allocator) -> None:
-    # Zero-length requests: only the backend's own index buffers are written, which every draft
+    # fn: the draft's multi-step backend's common_template(forward_batch, kv_indices, call_fn); its
+    # kernel keys on the batch size and, at a graph replay without padding, gets the batch's own int64
+    # seq_lens, where the capture used the runner's int32 buffer.  Zero-length requests: only the backend's own index buffers are written, which every draft
     # step (graph replay or eager) rewrites before reading.
     batch = SimpleNamespace(batch_size=bs, req_pool_indices=s.pool_indices[:bs], seq_lens=s.lens64[:bs],
                             positions=s.lens64[:bs * shape.topk], seq_lens_sum=0, spec_info=None,
@@ -143,8 +139,7 @@ def batch_sizes(shape: WarmupShape) -> list[int]:
     return sorted(b for b in sizes if 1 <= b <= top)
 
 
-# name (compat.SPEC_STEP_KERNELS, "attention_kv_splits", "draft_kv_indices") -> the empty launch;
-# which ones a worker needs: _wanted
+# name (compat.SPEC_STEP_KERNELS, BACKEND_KERNELS) -> the empty launch; which ones a worker needs: _wanted
 _LAUNCHES: dict[str, Callable] = {
     "assign_req_to_token_pool": _assign_req_to_token_pool,
     "assign_extend_cache_locs": _assign_extend_cache_locs,
@@ -158,16 +153,17 @@ def _wanted(name: str, shape: WarmupShape) -> bool:
     return name != "move_accept_tokens" or shape.topk > 1
 
 
+BACKEND_KERNELS = ("attention_kv_splits", "draft_kv_indices")  # named by the caller, from the worker's backends
+
+
 def warm(kernels: dict, req_to_token, allocator, shape: WarmupShape) -> WarmupReport:
-    """Launch each of ``kernels`` (compat.spec_step_kernels()) and the shape's backend kernels with
-    empty work at ``batch_sizes(shape)``; a kernel whose launch raises is reported and left to
-    compile lazily."""
+    """Launch each of ``kernels`` ({name: SGLang's function}: compat.spec_step_kernels() and the
+    worker's BACKEND_KERNELS) with empty work at ``batch_sizes(shape)``; a kernel whose launch
+    raises is reported and left to compile lazily."""
     import torch
 
     sizes = batch_sizes(shape)
     report = WarmupReport(batch_sizes=len(sizes))
-    backend_kernels = {"attention_kv_splits": shape.kv_splits, "draft_kv_indices": shape.draft_kv_indices}
-    kernels = dict(kernels, **{name: fn for name, fn in backend_kernels.items() if fn is not None})
     todo = {name: fn for name, fn in kernels.items() if name in _LAUNCHES and _wanted(name, shape)}
     if not todo or shape.max_batch < 1:
         return report

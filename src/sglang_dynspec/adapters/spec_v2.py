@@ -646,10 +646,11 @@ def _warm_spec_kernels(worker) -> None:
             draft_tokens=int(worker.speculative_num_draft_tokens),
             topk=int(getattr(worker, "topk", 1) or 1),
             accept_width=int(worker.speculative_num_steps) + 1,
-            kv_splits=compat.triton_kv_splits(model_runner),
-            draft_kv_indices=compat.draft_kv_indices(worker),
         )
-        report = kernel_warmup.warm(compat.spec_step_kernels(), model_runner.req_to_token_pool.req_to_token,
+        backends = dict(zip(kernel_warmup.BACKEND_KERNELS,
+                            (compat.triton_kv_splits(model_runner), compat.draft_kv_indices(worker))))
+        kernels = {**compat.spec_step_kernels(), **{name: fn for name, fn in backends.items() if fn is not None}}
+        report = kernel_warmup.warm(kernels, model_runner.req_to_token_pool.req_to_token,
                                     model_runner.token_to_kv_pool_allocator, shape)
     except Exception:  # noqa: BLE001 - without the warm-up, first uses compile lazily as before
         logger.exception("dynspec spec_v2: the speculative kernels' warm-up failed; they compile on first use")
