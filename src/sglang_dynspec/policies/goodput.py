@@ -54,8 +54,21 @@ PROBE_DECISIONS = 4  # ... and model decisions (no dwell): at bs 70 in a high ph
 FRESH_SHARE = 4  # a fresh batch's probe waits reprobe_near / FRESH_SHARE plain steps: its requests are all new,
 #                 so the acceptance learnt on earlier ones says little (pair2a-rows34, low0: 3 s of plain
 #                 decode on 1.93 learnt from other prompts, where the phase's greedy acceptance was 2.4)
+DEMAND_GROWTH = 2 ** 0.25  # batch sizes at which a mode's capacity is tried, above the current one ...
+DEMAND_MAX_BS = 1024  # ... up to this: a mode short of the demand there cannot keep up with it
+DEMAND_GROWING = 1.25  # ... and only while the batch is this many times its slow average (it grows) ...
+DEMAND_SLOW_STEPS = 64  # ... an average over about this many decode steps
+DEMAND_SLACK = 0.05  # ... a mode short of the demand by less than this share is judged at today's batch
+DEMAND_BURST_SD = 1.5  # ... and at that demand plus this many standard deviations of a second's arrivals
+DEMAND_TPOT_CAP_S = 10.0  # a mode that makes no tokens at all is charged this TPOT (a finite lead)
 REFILL_WAVE = 4.0  # plain decode's prefill batches admit this many requests on average, or more: its
 #                   refills come in waves, which a probe would scatter (see _probe_scatters)
+
+
+def open_load_capacity(step_s: float, tokens_per_step: float, prefill_s: float, lam: float) -> float:
+    """Output tokens per wall-second a mode makes while ``lam`` requests per second arrive, each
+    costing ``prefill_s`` between steps: the steps get what the prefills leave of each second."""
+    return max(0.0, 1.0 - lam * prefill_s) * tokens_per_step / step_s
 
 
 def per_token(step_s: float, tokens_per_step: float, prefill_s: float, rho: float, lam: float | None) -> float:
@@ -132,6 +145,9 @@ class Goodput:
         self._c_on: float | None = None
         self._c_off: float | None = None
         self._probe_judged = False  # a probe runs whose end the model has not judged yet
+        self._demand: float | None = None  # output tokens per second the arrivals ask for (seconds_per_token)
+        self._bs_slow = 0.0  # the decode batch averaged over about DEMAND_SLOW_STEPS steps
+        self._burst_at = -DEMAND_SLOW_STEPS - 1  # the step of the last burst of new requests (new_load)
 
     # --- the model -------------------------------------------------------------------
     def seconds_per_token(self, x: StepInputs, accept: float | None = None,
@@ -151,7 +167,70 @@ class Goodput:
         p_off, p_on = v.prefill_per_request(False), v.prefill_per_request(True, bs, acc)
         lam = v.arrivals_per_s if open_load else None
         free = d_off / bs
-        return per_token(d_on, bs * acc, p_on, rho, lam), per_token(d_off, bs, p_off, rho, lam), free
+        c_on, c_off = per_token(d_on, bs * acc, p_on, rho, lam), per_token(d_off, bs, p_off, rho, lam)
+        demand = lam / rho if lam and rho > 0 else None
+        if accept is None:
+            self._demand = demand  # the figure explain() shows beside this step's estimates
+        if demand is not None and x.previous is not None and bs > DEMAND_GROWING * self._bs_slow \
+                and x.step - self._burst_at > DEMAND_SLOW_STEPS and self._short(v, x.previous, bs, acc, demand):
+            # The running mode falls behind the arrivals and the batch grows: an open load it does
+            # not keep up with.  Both modes are then judged at the batch each would grow to.  In a
+            # closed loop arrivals follow what the running mode makes, and a burst's rate does not
+            # last (a wave of 200 refills at C=250 read as 240 requests per second, pair1i-hi):
+            # none is judged so for DEMAND_SLOW_STEPS steps after one.
+            # Arrivals come at random: over a second 40 requests vary by ~6, and the batch must absorb
+            # such bursts; a mode judged at the mean demand alone looks as good near its saturation
+            # as one with room to spare (pair2k-rows34, high2: a tie by the mean, `on` 2x `off`'s TPOT).
+            burst = demand * (1.0 + DEMAND_BURST_SD / math.sqrt(max(v.arrivals_per_s, 1.0)))
+            c_on = self._behind(v, True, bs, acc, burst, c_on)
+            c_off = self._behind(v, False, bs, 1.0, burst, c_off)
+        return c_on, c_off, free
+
+    @staticmethod
+    def _capacity(v, on: bool, b: float, acc: float) -> float | None:
+        """Output tokens per second of that mode at batch ``b`` while the measured arrivals come."""
+        d = v.estimate(on, int(round(b)))
+        if d is None:
+            return None
+        p = v.prefill_per_request(True, int(round(b)), acc) if on else v.prefill_per_request(False)
+        return open_load_capacity(d, b * (acc if on else 1.0), p, v.arrivals_per_s)
+
+    def _short(self, v, on: bool, bs: int, acc: float, demand: float) -> bool:
+        """Whether that mode makes less than ``demand`` at ``bs``, by more than DEMAND_SLACK."""
+        now = self._capacity(v, on, bs, acc)
+        return now is not None and now * (1.0 + DEMAND_SLACK) < demand
+
+    def _behind(self, v, on: bool, bs: int, acc: float, demand: float, c_now: float) -> float:
+        """Seconds per output token at ``bs`` of a mode, judged by the TPOT its requests would see
+        under the arriving ``demand`` (output tokens per second).
+
+        A mode that makes the demand at this batch size keeps its figure ``c_now``.  One that falls
+        short of it by more than DEMAND_SLACK (noise in a closed loop, where the demand is what the
+        running mode makes) lets the batch grow until it does, at ``b*`` requests,
+        so its requests get a token every ``b* / demand`` seconds (Little's law), more than its
+        step at ``bs`` says; one that never makes it (up to DEMAND_MAX_BS) gets the TPOT of its
+        largest batch while the queue grows.  Comparing the modes at today's batch alone ranked a
+        transient wrongly: in the H200 high phases (40 requests/s, ~5,800 tokens/s wanted) both made
+        ~4,600 tokens/s at bs 45, a tie, so speculation stayed; plain decode makes the demand at bs
+        ~60, speculation at no batch size, and `on`'s TPOT there was 2.5-3x `off`'s (pair2k-rows34,
+        high1 and high2).  Returns a figure comparable with the
+        current-batch ones: that TPOT per request of the current batch."""
+        if not self._short(v, on, bs, acc, demand):
+            return c_now
+        now = self._capacity(v, on, bs, acc)
+        b0, c0 = float(bs), now
+        b = float(bs)
+        while b < DEMAND_MAX_BS:
+            b = min(max(b * DEMAND_GROWTH, b + 1.0), DEMAND_MAX_BS)
+            c = self._capacity(v, on, b, acc)
+            if c is None:
+                return c_now  # no estimate up there: nothing to say beyond today's batch
+            if c >= demand:
+                b_star = b0 + (demand - c0) / (c - c0) * (b - b0) if c > c0 else b
+                return max(b_star / demand / bs, c_now)
+            b0, c0 = b, c
+        tpot = b0 / c0 if c0 > 0 else DEMAND_TPOT_CAP_S
+        return min(tpot, DEMAND_TPOT_CAP_S) / bs
 
     # --- the decision ----------------------------------------------------------------
     @property
@@ -164,7 +243,10 @@ class Goodput:
 
     def decide(self, x: StepInputs) -> bool:
         self._regime = x.greedy
+        if x.new_load:
+            self._burst_at = x.step
         d = self._decide(x)
+        self._bs_slow += (x.decode_bs - self._bs_slow) / DEMAND_SLOW_STEPS
         if d and not x.previous and self._why in PROBES:
             self._probe_rows_left = PROBE_ROWS
             self._probe_judged = True
@@ -387,5 +469,6 @@ class Goodput:
         return {
             "on_tok_s": round(1.0 / on, 1) if on else None,
             "off_tok_s": round(1.0 / off, 1) if off else None,
+            "demand_tok_s": round(self._demand, 1) if self._demand is not None else None,
             "why": self._why,
         }
