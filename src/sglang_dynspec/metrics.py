@@ -75,6 +75,11 @@ class PrometheusExporter:
             "The policy's estimate of each mode's output tok/s at the current batch size, prefills included",
             names + ["mode"], multiprocess_mode="mostrecent",
         )
+        self.demand = Gauge(
+            "sglang_dynspec_demand_output_tokens_per_second",
+            "Output tok/s the arriving requests ask for, as the policy measures them",
+            names, multiprocess_mode="mostrecent",
+        )
         self._last: dict[str, float] = {}
 
     def _inc(self, counter, key: str, value: float, **extra) -> None:
@@ -105,6 +110,8 @@ class PrometheusExporter:
             e = est.get(f"{mode}_tok_s")
             if e is not None:
                 self.estimate.labels(**self.labels, mode=mode).set(e)
+        if est.get("demand_tok_s") is not None:
+            self.demand.labels(**self.labels).set(est["demand_tok_s"])
 
 
 def _json_value(v) -> str:

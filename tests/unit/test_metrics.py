@@ -113,7 +113,7 @@ def test_prometheus_multiprocess_export(tmp_path):
             c.on_decode(bs)
         c.on_result(4, 6)
         snap = c.snapshot()
-        snap["estimates"] = {"on_tok_s": 812.0, "off_tok_s": 640.5, "why": "model"}
+        snap["estimates"] = {"on_tok_s": 812.0, "off_tok_s": 640.5, "demand_tok_s": 700.0, "why": "model"}
         exp.update(snap, draft_tokens_per_step=2)
         exp.update(snap, draft_tokens_per_step=2)  # no double counting
         from prometheus_client import CollectorRegistry, generate_latest
@@ -132,6 +132,7 @@ def test_prometheus_multiprocess_export(tmp_path):
     assert "sglang_dynspec_accept_length" in text
     assert 'sglang_dynspec_estimated_output_tokens_per_second{mode="on",tp_rank="0"} 812.0' in text
     assert 'sglang_dynspec_estimated_output_tokens_per_second{mode="off",tp_rank="0"} 640.5' in text
+    assert 'sglang_dynspec_demand_output_tokens_per_second{tp_rank="0"} 700.0' in text
 
 
 def test_trace_says_what_was_prefilled_before_each_step(tmp_path):

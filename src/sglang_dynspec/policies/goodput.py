@@ -9,7 +9,9 @@ Seconds per output token of each mode at this decode batch size ``bs``::
 admitted request after steps of that mode (speculation's at least plain decode's),
 ``requests_per_token`` the workload's (costs.py).  That admits as many requests as finish; an open
 load below capacity admits fewer, as many as arrive per second (``per_token``), and then a mode is
-charged what its step stretches by, not its own prefills.
+charged what its step stretches by, not its own prefills.  An open load above what the running mode
+makes at this batch (its batch grows) judges both modes by the TPOT each would settle at under the
+arriving demand (``_behind``).
 Plain decode keeps requests that started together finishing together, so its prefills batch
 well only if it has been running since they started: its prefill figure is the one of its
 current stretch once that has seen a few requests.  Speculation scatters finishing times, so
@@ -205,16 +207,14 @@ class Goodput:
         under the arriving ``demand`` (output tokens per second).
 
         A mode that makes the demand at this batch size keeps its figure ``c_now``.  One that falls
-        short of it by more than DEMAND_SLACK (noise in a closed loop, where the demand is what the
-        running mode makes) lets the batch grow until it does, at ``b*`` requests,
-        so its requests get a token every ``b* / demand`` seconds (Little's law), more than its
-        step at ``bs`` says; one that never makes it (up to DEMAND_MAX_BS) gets the TPOT of its
-        largest batch while the queue grows.  Comparing the modes at today's batch alone ranked a
-        transient wrongly: in the H200 high phases (40 requests/s, ~5,800 tokens/s wanted) both made
-        ~4,600 tokens/s at bs 45, a tie, so speculation stayed; plain decode makes the demand at bs
-        ~60, speculation at no batch size, and `on`'s TPOT there was 2.5-3x `off`'s (pair2k-rows34,
-        high1 and high2).  Returns a figure comparable with the
-        current-batch ones: that TPOT per request of the current batch."""
+        short of it by more than DEMAND_SLACK lets the batch grow until it makes it, at ``b*``
+        requests, so its requests get a token every ``b* / demand`` seconds (Little's law), more
+        than its step at ``bs`` says; one that makes it at no batch up to DEMAND_MAX_BS gets the
+        TPOT of its largest while the queue grows.  Compared at today's batch alone the modes tied
+        in the H200 high phases (40 requests/s, ~5,800 tokens/s wanted; both ~4,600 tokens/s at
+        bs 45), so speculation stayed, where plain decode makes the demand at bs ~60, speculation
+        at no batch, and `on`'s TPOT was 2.5-3x `off`'s (pair2k-rows34, high1 and high2).  Returns
+        a figure comparable with the current-batch ones: that TPOT per request of this batch."""
         if not self._short(v, on, bs, acc, demand):
             return c_now
         now = self._capacity(v, on, bs, acc)
