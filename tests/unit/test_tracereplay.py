@@ -523,3 +523,28 @@ def test_probes_refuted_at_temperature_0_7_do_not_hold_the_first_greedy_low_phas
     assert first_recorded > 2.5  # what the server did
     first = next(s for s in low0 if s.decided)
     assert first.t - t0 < 0.01 and first.why == "fresh"
+
+
+H200_ROWS34_2K = Path(__file__).resolve().parents[2] / "benchmarks/results/pair2k-rows34-logs.tar.xz"
+
+
+def test_an_open_load_the_running_mode_falls_behind_is_judged_at_its_demand():
+    """H200, pair2k-rows34, row 4's high2 (40 requests/s): the server speculated for its first ~7 s
+    at bs 18-70 on estimates within the margin (e.g. 4765 / 4713 tokens/s), and `on`'s TPOT p50 in
+    that phase was 2x `off`'s.  Re-driven on the server's own costs, the policy judges the growing
+    batch at the demand of the arrivals (~5,000 tokens/s) and answers plain decode within 2 s of
+    the phase's start, where plain decode's estimate leads by more than 1.5x; through the low
+    phases (bs <= 2) it speculates where the server did."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _server_trace(H200_ROWS34_2K)
+    res = redrive(rows, "goodput", follow=True)
+    t0 = rows[0]["t"]
+    high2 = [s for s in res.steps if 61.0 <= s.t - t0 < 68.0]
+    assert sum(s.recorded for s in high2) > 250  # the server speculated through most of it
+    first_off = next(s for s in high2 if s.recorded and not s.decided)
+    assert first_off.t - t0 < 63.0 and first_off.why == "model"
+    e = first_off.estimates
+    assert e["off_tok_s"] > 1.5 * e["on_tok_s"] and e["demand_tok_s"] > 4500
+    low = [s for s in res.steps if s.bs <= 2 and s.recorded and s.why == "model"]
+    assert len(low) > 300 and all(s.decided for s in low)
