@@ -150,6 +150,7 @@ class Goodput:
         self._demand: float | None = None  # output tokens per second the arrivals ask for (seconds_per_token)
         self._bs_slow = 0.0  # the decode batch averaged over about DEMAND_SLOW_STEPS steps
         self._burst_at = -DEMAND_SLOW_STEPS - 1  # the step of the last burst of new requests (new_load)
+        self._settled: dict[bool, tuple] = {}  # per mode: (inputs, TPOT) of the last _settle search
 
     # --- the model -------------------------------------------------------------------
     def seconds_per_token(self, x: StepInputs, accept: float | None = None,
@@ -217,20 +218,38 @@ class Goodput:
         a figure comparable with the current-batch ones: that TPOT per request of this batch."""
         if not self._short(v, on, bs, acc, demand):
             return c_now
-        now = self._capacity(v, on, bs, acc)
-        b0, c0 = float(bs), now
-        b = float(bs)
-        while b < DEMAND_MAX_BS:
-            b = min(max(b * DEMAND_GROWTH, b + 1.0), DEMAND_MAX_BS)
+        settled = self._settle(v, on, acc, demand)
+        if settled is None:
+            return c_now  # no estimate up there: nothing to say beyond today's batch
+        return max(settled / bs, c_now)
+
+    def _settle(self, v, on: bool, acc: float, demand: float) -> float | None:
+        """The TPOT that mode settles at under ``demand``: ``b* / demand`` at the least batch ``b*``
+        making it (linear between the sizes tried), else its largest batch's; None without an estimate.
+        Once per cost view, acceptance step of 0.05 and demand: the search costs ~30 us, a decode
+        step's whole budget, and the inputs it depends on change every 16 steps."""
+        acc = round(acc * 20.0) / 20.0
+        key = (id(v), v.version, on, acc, round(demand))
+        memo = self._settled.get(on)
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        b0, c0 = 0.0, 0.0
+        b, tpot = 1.0, None
+        while True:
             c = self._capacity(v, on, b, acc)
             if c is None:
-                return c_now  # no estimate up there: nothing to say beyond today's batch
+                break
             if c >= demand:
                 b_star = b0 + (demand - c0) / (c - c0) * (b - b0) if c > c0 else b
-                return max(b_star / demand / bs, c_now)
+                tpot = b_star / demand
+                break
             b0, c0 = b, c
-        tpot = b0 / c0 if c0 > 0 else DEMAND_TPOT_CAP_S
-        return min(tpot, DEMAND_TPOT_CAP_S) / bs
+            if b >= DEMAND_MAX_BS:
+                tpot = min(b0 / c0, DEMAND_TPOT_CAP_S) if c0 > 0 else DEMAND_TPOT_CAP_S
+                break
+            b = min(max(b * DEMAND_GROWTH, b + 1.0), DEMAND_MAX_BS)
+        self._settled[on] = (key, tpot)
+        return tpot
 
     # --- the decision ----------------------------------------------------------------
     @property
