@@ -226,8 +226,8 @@ class Goodput:
     def _settle(self, v, on: bool, acc: float, demand: float) -> float | None:
         """The TPOT that mode settles at under ``demand``: ``b* / demand`` at the least batch ``b*``
         making it (linear between the sizes tried), else its largest batch's; None without an estimate.
-        Once per cost view, acceptance step of 0.05 and demand: the search costs ~30 us, a decode
-        step's whole budget, and the inputs it depends on change every 16 steps."""
+        Searched once per cost view, acceptance step of 0.05 and demand: a search costs ~30 us, more
+        than a decode step's budget (20 us), and its inputs change about every 16 steps."""
         acc = round(acc * 20.0) / 20.0
         key = (id(v), v.version, on, acc, round(demand))
         memo = self._settled.get(on)
