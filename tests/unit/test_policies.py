@@ -628,8 +628,9 @@ def test_goodput_compares_the_modes_at_the_batch_the_arriving_demand_needs():
     # At bs 34 both modes make ~3,000 tokens/s at 40 arrivals/s: compared there, the modes are within
     # the margin and speculation, running, stays.  40 requests/s of ~150 tokens ask for ~6,000 tokens/s
     # (~7,300 with a burst): plain decode makes that at bs ~65 (~95), speculation only at bs ~170
-    # (~510), so its requests would wait 2.5x as long between tokens or more (the high phases of pair2k-rows34, where `on`'s TPOT was 2.5-3x
-    # `off`'s): plain decode.  At 1 request/s both make the demand at bs 34; the batch decides.
+    # (~510), so its requests would wait 2.5x as long between tokens or more (the high phases of
+    # pair2k-rows34, where `on`'s TPOT was 2.5-3x `off`'s): plain decode.  At 1 request/s both make
+    # the demand at bs 34; the batch decides.
     x = dict(bs=34, prev=True, dwell=50, acc=2.49, samples=100)
     quiet = build_policy("goodput", {"persist": 1})
     c_on, c_off, _ = quiet.seconds_per_token(inputs(**x, costs=_high_phase_view(1.0)))

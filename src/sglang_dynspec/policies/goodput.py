@@ -56,12 +56,17 @@ PROBE_DECISIONS = 4  # ... and model decisions (no dwell): at bs 70 in a high ph
 FRESH_SHARE = 4  # a fresh batch's probe waits reprobe_near / FRESH_SHARE plain steps: its requests are all new,
 #                 so the acceptance learnt on earlier ones says little (pair2a-rows34, low0: 3 s of plain
 #                 decode on 1.93 learnt from other prompts, where the phase's greedy acceptance was 2.4)
-DEMAND_GROWTH = 2 ** 0.25  # batch sizes at which a mode's capacity is tried, above the current one ...
-DEMAND_MAX_BS = 1024  # ... up to this: a mode short of the demand there cannot keep up with it
-DEMAND_GROWING = 1.25  # ... and only while the batch is this many times its slow average (it grows) ...
-DEMAND_SLOW_STEPS = 64  # ... an average over about this many decode steps
-DEMAND_SLACK = 0.05  # ... a mode short of the demand by less than this share is judged at today's batch
-DEMAND_BURST_SD = 1.5  # ... and at that demand plus this many standard deviations of a second's arrivals
+# The demand rule (seconds_per_token): it applies while the running mode makes less than the arrivals
+# ask for by more than DEMAND_SLACK, the batch is over DEMAND_GROWING x its average over about
+# DEMAND_SLOW_STEPS steps (it grows), and no burst came within those steps.  Each mode is then judged
+# at that demand plus DEMAND_BURST_SD standard deviations of a second's arrivals, at the batch sizes
+# DEMAND_GROWTH apart up to DEMAND_MAX_BS (a mode short of it there cannot keep up).
+DEMAND_SLACK = 0.05
+DEMAND_GROWING = 1.25
+DEMAND_SLOW_STEPS = 64
+DEMAND_BURST_SD = 1.5
+DEMAND_GROWTH = 2 ** 0.25
+DEMAND_MAX_BS = 1024
 DEMAND_TPOT_CAP_S = 10.0  # a mode that makes no tokens at all is charged this TPOT (a finite lead)
 REFILL_WAVE = 4.0  # plain decode's prefill batches admit this many requests on average, or more: its
 #                   refills come in waves, which a probe would scatter (see _probe_scatters)
@@ -86,9 +91,8 @@ def per_token(step_s: float, tokens_per_step: float, prefill_s: float, rho: floa
     decode look as fast at 2-3 requests as speculation, which was 1.3x faster there (pair1z-rows34).
     With ``lam`` the step stretches to ``step_s / (1 - lam * prefill_s)``."""
     refill = step_s / tokens_per_step + prefill_s * rho
-    if lam is None or lam * prefill_s >= 1.0:
-        return refill
-    return min(refill, step_s / ((1.0 - lam * prefill_s) * tokens_per_step))
+    capacity = open_load_capacity(step_s, tokens_per_step, prefill_s, lam) if lam is not None else 0.0
+    return min(refill, 1.0 / capacity) if capacity > 0.0 else refill
 
 
 class GoodputArgs(PolicyArgs):
@@ -175,18 +179,21 @@ class Goodput:
         if accept is None:
             self._demand = demand  # the figure explain() shows beside this step's estimates
         if demand is not None and x.previous is not None and bs > DEMAND_GROWING * self._bs_slow \
-                and x.step - self._burst_at > DEMAND_SLOW_STEPS and self._short(v, x.previous, bs, acc, demand):
+                and x.step - self._burst_at > DEMAND_SLOW_STEPS:
             # The running mode falls behind the arrivals and the batch grows: an open load it does
             # not keep up with.  Both modes are then judged at the batch each would grow to.  In a
             # closed loop arrivals follow what the running mode makes, and a burst's rate does not
             # last (a wave of 200 refills at C=250 read as 240 requests per second, pair1i-hi):
             # none is judged so for DEMAND_SLOW_STEPS steps after one.
-            # Arrivals come at random: over a second 40 requests vary by ~6, and the batch must absorb
-            # such bursts; a mode judged at the mean demand alone looks as good near its saturation
-            # as one with room to spare (pair2k-rows34, high2: a tie by the mean, `on` 2x `off`'s TPOT).
-            burst = demand * (1.0 + DEMAND_BURST_SD / math.sqrt(max(v.arrivals_per_s, 1.0)))
-            c_on = self._behind(v, True, bs, acc, burst, c_on)
-            c_off = self._behind(v, False, bs, 1.0, burst, c_off)
+            now = {on: self._capacity(v, on, bs, acc) for on in (True, False)}
+            if self._short(now[x.previous], demand):
+                # Arrivals come at random: over a second 40 requests vary by ~6, and the batch must
+                # absorb such bursts; a mode judged at the mean demand alone looks as good near its
+                # saturation as one with room to spare (pair2k-rows34, high2: a tie by the mean,
+                # `on` 2x `off`'s TPOT).
+                burst = demand * (1.0 + DEMAND_BURST_SD / math.sqrt(max(v.arrivals_per_s, 1.0)))
+                c_on = self._behind(v, True, bs, acc, burst, c_on, now[True])
+                c_off = self._behind(v, False, bs, 1.0, burst, c_off, now[False])
         return c_on, c_off, free
 
     @staticmethod
@@ -198,25 +205,27 @@ class Goodput:
         p = v.prefill_per_request(True, int(round(b)), acc) if on else v.prefill_per_request(False)
         return open_load_capacity(d, b * (acc if on else 1.0), p, v.arrivals_per_s)
 
-    def _short(self, v, on: bool, bs: int, acc: float, demand: float) -> bool:
-        """Whether that mode makes less than ``demand`` at ``bs``, by more than DEMAND_SLACK."""
-        now = self._capacity(v, on, bs, acc)
-        return now is not None and now * (1.0 + DEMAND_SLACK) < demand
+    @staticmethod
+    def _short(capacity: float | None, demand: float) -> bool:
+        """Whether a mode making ``capacity`` makes less than ``demand``, by more than DEMAND_SLACK."""
+        return capacity is not None and capacity * (1.0 + DEMAND_SLACK) < demand
 
-    def _behind(self, v, on: bool, bs: int, acc: float, demand: float, c_now: float) -> float:
+    def _behind(self, v, on: bool, bs: int, acc: float, demand: float, c_now: float,
+                capacity_now: float | None) -> float:
         """Seconds per output token at ``bs`` of a mode, judged by the TPOT its requests would see
         under the arriving ``demand`` (output tokens per second).
 
-        A mode that makes the demand at this batch size keeps its figure ``c_now``.  One that falls
-        short of it by more than DEMAND_SLACK lets the batch grow until it makes it, at ``b*``
-        requests, so its requests get a token every ``b* / demand`` seconds (Little's law), more
-        than its step at ``bs`` says; one that makes it at no batch up to DEMAND_MAX_BS gets the
-        TPOT of its largest while the queue grows.  Compared at today's batch alone the modes tied
-        in the H200 high phases (40 requests/s, ~5,800 tokens/s wanted; both ~4,600 tokens/s at
-        bs 45), so speculation stayed, where plain decode makes the demand at bs ~60, speculation
-        at no batch, and `on`'s TPOT was 2.5-3x `off`'s (pair2k-rows34, high1 and high2).  Returns
-        a figure comparable with the current-batch ones: that TPOT per request of this batch."""
-        if not self._short(v, on, bs, acc, demand):
+        A mode that makes the demand at this batch size (``capacity_now``) keeps its figure
+        ``c_now``.  One that falls short of it by more than DEMAND_SLACK lets the batch grow until
+        it makes it, at ``b*`` requests, so its requests get a token every ``b* / demand`` seconds
+        (Little's law), more than its step at ``bs`` says; one that makes it at no batch up to
+        DEMAND_MAX_BS gets the TPOT of its largest while the queue grows.  Compared at today's batch
+        alone the modes tied in the H200 high phases (40 requests/s, ~5,800 tokens/s wanted; both
+        ~4,600 tokens/s at bs 45), so speculation stayed, where plain decode makes the demand at bs
+        ~60, speculation at no batch, and `on`'s TPOT was 2.5-3x `off`'s (pair2k-rows34, high1 and
+        high2).  Returns a figure comparable with the current-batch ones: that TPOT per request of
+        this batch."""
+        if not self._short(capacity_now, demand):
             return c_now
         settled = self._settle(v, on, acc, demand)
         if settled is None:
