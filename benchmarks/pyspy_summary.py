@@ -1,6 +1,6 @@
 """Where each SGLang scheduler spent its CPU while serving: py-spy's raw samples (see
 benchmarks/device/pyspy_watch.sh) inside the scheduler's event loop, as prefill work, waits for the
-GPU and the rest (decode steps), and by the loop's own steps.  Idle samples are not recorded, so
+GPU (on a result; on spec_v2's last verify), and the rest (decode steps), and by the loop's own steps.  Idle samples are not recorded, so
 the counts are busy CPU (waits included: the overlap loop spins on a result's event); every server
 of one harness run served the same requests, so their totals compare directly.
 
@@ -33,6 +33,9 @@ PREFILL_FRAMES = ("ModelRunner.forward_extend", "forward_prefill_off", "Schedule
                   "Scheduler.get_new_batch_prefill", "SchedulerOutputProcessorMixin.process_batch_result_prefill")
 # ... a wait for the GPU if its leaf is this (the overlap loop waiting on a result's copy) ...
 GPU_WAIT_LEAF = "Event.synchronize"
+# ... and a wait for the last verify if this frame is above it: spec_v2 blocks there before it filters
+# or merges a speculative batch, so the next batch is scheduled only after the GPU has verified ...
+VERIFY_WAIT_FRAME = "ScheduleBatch.maybe_wait_verify_done"
 PLUGIN = "sglang_dynspec/"  # ... and the plugin's if one of its frames is on the stack (inclusive)
 
 
@@ -41,8 +44,8 @@ def _name(frame: str) -> str:
 
 
 def summarize(path: Path) -> dict:
-    """Busy samples in the event loop: by loop step, and as prefill / GPU wait / the rest (decode
-    steps and everything else), and how many had a plugin frame."""
+    """Busy samples in the event loop: by loop step, and as prefill / GPU wait / verify wait / the
+    rest (decode steps and everything else), and how many had a plugin frame."""
     steps: Counter = Counter()
     kinds: Counter = Counter()
     plugin = 0
@@ -61,7 +64,7 @@ def summarize(path: Path) -> dict:
         if any(x in PREFILL_FRAMES for x in names):
             kinds["prefill"] += k
         elif names and names[-1] == GPU_WAIT_LEAF:
-            kinds["gpu wait"] += k
+            kinds["verify wait" if VERIFY_WAIT_FRAME in names else "gpu wait"] += k
         else:
             kinds["decode and rest"] += k
         if any(PLUGIN in f for f in frames[at + 1:]):

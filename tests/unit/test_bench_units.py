@@ -333,7 +333,7 @@ def test_stage_latency_without_metrics_is_none():
     assert stage_latency({}, parse_prometheus('sglang:num_requests_total{model_name="m"} 7.0\n')) is None
 
 
-def test_pyspy_summary_splits_busy_scheduler_samples_into_prefill_gpu_wait_and_the_rest(tmp_path):
+def test_pyspy_summary_splits_busy_scheduler_samples_into_prefill_gpu_and_verify_waits_and_the_rest(tmp_path):
     from benchmarks import pyspy_summary
 
     loop = "run_scheduler_process (scheduler.py:1);Scheduler.event_loop_overlap (scheduler.py:2)"
@@ -344,14 +344,16 @@ def test_pyspy_summary_splits_busy_scheduler_samples_into_prefill_gpu_wait_and_t
         f"{loop};Scheduler.process_batch_result (scheduler.py:7);Event.synchronize (torch/cuda/streams.py:8) 40",
         f"{loop};Scheduler.run_batch (scheduler.py:3);forward_plain (sglang_dynspec/adapters/spec_v2.py:9) 15",
         f"{loop};Scheduler.get_next_batch_to_run (scheduler.py:10) 5",
+        f"{loop};Scheduler.get_next_batch_to_run (scheduler.py:10);ScheduleBatch.filter_batch (schedule_batch.py:12);"
+        f"ScheduleBatch.maybe_wait_verify_done (schedule_batch.py:13);Event.synchronize (torch/cuda/streams.py:8) 25",
         "run_scheduler_process (scheduler.py:1);ModelRunner.init (model_runner.py:11) 99",  # start-up: not serving
     ]) + "\n"
     (tmp_path / "sched-7.txt").write_text(raw)
     s = pyspy_summary.summarize(tmp_path / "sched-7.txt")
-    assert s["busy"] == 100
-    assert s["kinds"] == {"prefill": 40, "gpu wait": 40, "decode and rest": 20}
+    assert s["busy"] == 125
+    assert s["kinds"] == {"prefill": 40, "gpu wait": 40, "verify wait": 25, "decode and rest": 20}
     assert s["with_plugin_frame"] == 25
-    assert s["loop_steps"]["run batch"] == 55 and s["loop_steps"]["next batch (schedule)"] == 5
+    assert s["loop_steps"]["run batch"] == 55 and s["loop_steps"]["next batch (schedule)"] == 30
     log = tmp_path / "server-off.log"
     log.write_text("[t] Prefill batch, #new-seq: 1\n[t] Decode batch, #running-req: 1\n" * 3)
     assert pyspy_summary.log_counts(log, 40) == (120, 3)
