@@ -1,8 +1,9 @@
 """Where each SGLang scheduler spent its CPU while serving: py-spy's raw samples (see
 benchmarks/device/pyspy_watch.sh) inside the scheduler's event loop, as prefill work, waits for the
-GPU (on a result; on spec_v2's last verify), and the rest (decode steps), and by the loop's own steps.  Idle samples are not recorded, so
-the counts are busy CPU (waits included: the overlap loop spins on a result's event); every server
-of one harness run served the same requests, so their totals compare directly.
+GPU (on a result; on spec_v2's last verify) and the rest (decode steps), and by the loop's own
+steps.  Idle samples are not recorded, so the counts are busy CPU (waits included: the overlap loop
+spins on a result's event); every server of one harness run served the same requests, so their
+totals compare directly.
 
     python3 benchmarks/pyspy_summary.py <dir with map.txt and sched-<pid>.txt> --modes a,b,c \
         [--logs <run's log folder>] [--json out.json]

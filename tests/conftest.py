@@ -1,4 +1,5 @@
-"""Suite-wide test setup: sgl_kernel import shim, marker skips, the ``sglang_version`` fixture."""
+"""Suite-wide test setup: sgl_kernel import shim, marker skips, the ``sglang_version`` fixture, and the
+``high_phase_view`` cost view that the policy tests and the decision-cost benchmark share."""
 
 import importlib.metadata
 import os
@@ -7,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from packaging.version import Version
+
+from sglang_dynspec.costs import CostTable, CostView, PrefillMeter
 
 SHIM_DIR = Path(__file__).resolve().parent / "shims"
 
@@ -113,3 +116,35 @@ def pytest_collection_modifyitems(config, items):
 def sglang_version():
     """The installed SGLang release as a packaging Version, or None without SGLang."""
     return _SGLANG_VERSION
+
+
+def _high_phase_view(arrivals_per_s: float | None):
+    """The H200 pair in a high phase (pair2k-rows34, t=389.6 re-driven): plain decode 4.8 ms at
+    bs 34 rising ~40 us per request, speculation 11.3 ms rising ~130 us per request at 2.49
+    tokens per request, prefills of 14.6 ms per admitted request after speculation (the draft's
+    extend) and 10.9 ms after plain decode, ~150 tokens per request; ``arrivals_per_s`` requests
+    per second admitted over the last seconds."""
+    on_ms, off_ms = (lambda b: 6.9 + 0.13 * b), (lambda b: 3.4 + 0.041 * b)
+    t = CostTable()
+    for bs in (1, 2, 4, 8, 16, 32, 64, 128):
+        for _ in range(5):
+            t.observe(True, bs, on_ms(bs) / 1e3)
+            t.observe(False, bs, off_ms(bs) / 1e3)
+    m = PrefillMeter()
+    for on, prefill_s in ((True, 0.0146), (False, 0.0109)):
+        for _ in range(20):
+            m.add_tokens(150)
+            m.observe(on, prefill_s, 1)
+    now = None
+    if arrivals_per_s is not None:
+        for i in range(int(3 * arrivals_per_s)):
+            m.admit(1, i / arrivals_per_s)
+        now = 3.0
+    return CostView.from_table(t, m, now=now)
+
+
+@pytest.fixture
+def high_phase_view():
+    """The builder of the H200 pair's cost view in a high phase (``_high_phase_view``), shared by the
+    policy tests and the decision-cost benchmark."""
+    return _high_phase_view

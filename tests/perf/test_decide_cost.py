@@ -55,31 +55,12 @@ def test_controller_step_cost(benchmark, name):
     assert benchmark.stats.stats.median < BUDGET_S
 
 
-def _open_load_view():
-    """Speculation short of 40 arrivals per second at every batch, plain decode from bs ~65."""
-    from sglang_dynspec.costs import PrefillMeter
-
-    t = CostTable()
-    for bs in (1, 2, 4, 8, 16, 32, 64, 128):
-        for _ in range(5):
-            t.observe(True, bs, (6.9 + 0.13 * bs) / 1e3)
-            t.observe(False, bs, (3.4 + 0.041 * bs) / 1e3)
-    m = PrefillMeter()
-    for on, prefill_s in ((True, 0.0146), (False, 0.0109)):
-        for _ in range(20):
-            m.add_tokens(150)
-            m.observe(on, prefill_s, 1)
-    for i in range(120):
-        m.admit(1, i / 40.0)
-    return CostView.from_table(t, m, now=3.0)
-
-
-def test_goodput_estimate_cost_while_an_open_load_outgrows_the_running_mode(benchmark):
+def test_goodput_estimate_cost_while_an_open_load_outgrows_the_running_mode(benchmark, high_phase_view):
     """The demand rule's path of goodput's estimates (the bulk of a decision): both modes judged at
     the batch they would settle at.  Its search is done once per cost view, acceptance step and
     demand; the controller hands the policy a new view every 16 steps (four views in turn here)."""
     policy = build_policy("goodput", POLICIES["goodput"])
-    views = [_open_load_view() for _ in range(4)]
+    views = [high_phase_view(40.0) for _ in range(4)]  # speculation short of 40 arrivals/s at every batch
     calls = iter(range(10**9))
 
     def estimate():

@@ -599,32 +599,7 @@ def test_goodput_a_probe_in_a_tie_goes_back_to_plain_decode():
     assert all(out2)
 
 
-def _high_phase_view(arrivals_per_s: float | None):
-    """The H200 pair in a high phase (pair2k-rows34, t=389.6 re-driven): plain decode 4.8 ms at
-    bs 34 rising ~40 us per request, speculation 11.3 ms rising ~130 us per request at 2.49
-    tokens per request, prefills of 14.6 ms per admitted request after speculation (the draft's
-    extend) and 10.9 ms after plain decode, ~150 tokens per request; ``arrivals_per_s`` requests
-    per second admitted over the last seconds."""
-    on_ms, off_ms = (lambda b: 6.9 + 0.13 * b), (lambda b: 3.4 + 0.041 * b)
-    t = CostTable()
-    for bs in (1, 2, 4, 8, 16, 32, 64, 128):
-        for _ in range(5):
-            t.observe(True, bs, on_ms(bs) / 1e3)
-            t.observe(False, bs, off_ms(bs) / 1e3)
-    m = PrefillMeter()
-    for on, prefill_s in ((True, 0.0146), (False, 0.0109)):
-        for _ in range(20):
-            m.add_tokens(150)
-            m.observe(on, prefill_s, 1)
-    now = None
-    if arrivals_per_s is not None:
-        for i in range(int(3 * arrivals_per_s)):
-            m.admit(1, i / arrivals_per_s)
-        now = 3.0
-    return CostView.from_table(t, m, now=now)
-
-
-def test_goodput_compares_the_modes_at_the_batch_the_arriving_demand_needs():
+def test_goodput_compares_the_modes_at_the_batch_the_arriving_demand_needs(high_phase_view):
     # At bs 34 both modes make ~3,000 tokens/s at 40 arrivals/s: compared there, the modes are within
     # the margin and speculation, running, stays.  40 requests/s of ~150 tokens ask for ~6,000 tokens/s
     # (~7,300 with a burst): plain decode makes that at bs ~65 (~95), speculation only at bs ~170
@@ -633,14 +608,14 @@ def test_goodput_compares_the_modes_at_the_batch_the_arriving_demand_needs():
     # the demand at bs 34; the batch decides.
     x = dict(bs=34, prev=True, dwell=50, acc=2.49, samples=100)
     quiet = build_policy("goodput", {"persist": 1})
-    c_on, c_off, _ = quiet.seconds_per_token(inputs(**x, costs=_high_phase_view(1.0)))
+    c_on, c_off, _ = quiet.seconds_per_token(inputs(**x, costs=high_phase_view(1.0)))
     assert abs(c_off / c_on - 1.0) < 0.1
-    assert quiet.decide(inputs(**x, costs=_high_phase_view(1.0))) is True
-    calm = _high_phase_view(1.0)
+    assert quiet.decide(inputs(**x, costs=high_phase_view(1.0))) is True
+    calm = high_phase_view(1.0)
     assert quiet.explain()["demand_tok_s"] == pytest.approx(calm.arrivals_per_s / calm.requests_per_token(), rel=1e-3)
     assert quiet.explain()["demand_tok_s"] < 200.0
     p = build_policy("goodput", {"persist": 1})
-    busy = _high_phase_view(40.0)
+    busy = high_phase_view(40.0)
     c_on, c_off, _ = p.seconds_per_token(inputs(**x, costs=busy))
     assert c_on > 1.5 * c_off
     assert p.decide(inputs(**x, costs=busy)) is False
@@ -648,10 +623,10 @@ def test_goodput_compares_the_modes_at_the_batch_the_arriving_demand_needs():
     assert 5000.0 < e["demand_tok_s"] < 6500.0 and e["off_tok_s"] > 1.5 * e["on_tok_s"]
 
 
-def test_goodput_judges_at_the_demand_only_where_the_running_mode_falls_behind_it():
+def test_goodput_judges_at_the_demand_only_where_the_running_mode_falls_behind_it(high_phase_view):
     from sglang_dynspec.policies.goodput import per_token
 
-    v = _high_phase_view(40.0)
+    v = high_phase_view(40.0)
     rho, lam = v.requests_per_token(), v.arrivals_per_s
     p = build_policy("goodput", {})
 

@@ -185,8 +185,9 @@ class Goodput:
             # closed loop arrivals follow what the running mode makes, and a burst's rate does not
             # last (a wave of 200 refills at C=250 read as 240 requests per second, pair1i-hi):
             # none is judged so for DEMAND_SLOW_STEPS steps after one.
-            now = {on: self._capacity(v, on, bs, acc) for on in (True, False)}
-            if self._short(now[x.previous], demand):
+            running = self._capacity(v, x.previous, bs, acc)
+            if self._short(running, demand):
+                now = {x.previous: running, not x.previous: self._capacity(v, not x.previous, bs, acc)}
                 # Arrivals come at random: over a second 40 requests vary by ~6, and the batch must
                 # absorb such bursts; a mode judged at the mean demand alone looks as good near its
                 # saturation as one with room to spare (pair2k-rows34, high2: a tie by the mean,
@@ -238,7 +239,7 @@ class Goodput:
         Searched once per cost view, acceptance step of 0.05 and demand: a search costs ~30 us, more
         than a decode step's budget (20 us), and its inputs change about every 16 steps."""
         acc = round(acc * 20.0) / 20.0
-        key = (id(v), v.version, on, acc, round(demand))
+        key = (id(v), v.version, acc, round(demand))
         memo = self._settled.get(on)
         if memo is not None and memo[0] == key:
             return memo[1]
