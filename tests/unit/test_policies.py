@@ -160,6 +160,24 @@ def test_goodput_plain_trial_after_a_burst_until_its_successors_are_seen():
     assert p.decide(inputs(bs=1, acc=2.3, samples=100, costs=same, prev=True, dwell=50, new_load=True)) is True
 
 
+def test_goodput_plain_trial_whose_successors_are_never_seen_ends_after_twice_its_length():
+    # A closed loop whose plain waves drain the batch refills after an idle gap, which no mode's
+    # prefill figure counts: the trial waits for its successors as long again as it was planned,
+    # no longer, and is then judged (H100: trials of 293-679 steps where 47-154 were planned).
+    dec_on, dec_off = (lambda b: 6.2 + 0.05 * b), (lambda b: 3.5 + 0.005 * b)
+    p = build_policy("goodput", {"min_dwell": 0, "trial_lifetimes": 1.0})
+    same = prefill_view(dec_on, dec_off, (1, 22.0), (1, 22.0))  # plain's stretch stays empty
+    planned = int(1.0 / same.requests_per_token()) + 1
+    x = dict(bs=10, acc=2.3, samples=100, costs=same)
+    assert p.decide(inputs(**x, prev=True, dwell=50, new_load=True)) is False
+    trial_steps = 1
+    while p.explain()["why"] == "trial" and trial_steps < 10 * planned:
+        p.decide(inputs(**x, prev=False, dwell=10))
+        trial_steps += 1
+    assert p.explain()["why"] != "trial"
+    assert trial_steps - 1 == 2 * planned  # the last decision was the judgment after it
+
+
 def test_goodput_dwell_holds_mode():
     v = view(lambda b: 10.0, lambda b: 1.0)
     p = build_policy("goodput", {"min_dwell": 8})

@@ -125,6 +125,7 @@ class Goodput:
         # Policy state depends only on rank-identical inputs, so every TP rank holds the same.
         self.trial_left = 0
         self.trial_steps = 0
+        self._trial_cap = 0  # the most steps the current trial may run
         self.after_trial = False
         self._entry_bs = 0  # decode batch size when the current mode was entered
         self._lead = 0.0  # average over recent model decisions of ln(off cost / on cost): > 0 favours on
@@ -353,11 +354,16 @@ class Goodput:
             # speculation led by 1.37x).
             self.trial_left = min(self.trial_max, int(self.trial_lifetimes / rho) + 1)
             self.trial_steps = 0
+            # Waiting for its successors' prefills takes at most as long again: a closed loop whose
+            # plain waves drain the batch refills after an idle gap, which no mode's prefill figure
+            # counts, and such trials ran 293-679 steps where 47-154 were planned, into the next
+            # load (H100, pair3c-r2-row2 at C=30, where speculation led; pair3c-r1-row1 at C=100).
+            self._trial_cap = min(self.trial_max, 2 * self.trial_left)
         if self.trial_left > 0:
             self.trial_left -= 1
             self.trial_steps += 1
             seen = v.stretch_requests(False) >= min(STRETCH_MIN_REQUESTS, x.decode_bs)
-            if self.trial_left == 0 and not seen and self.trial_steps < self.trial_max:
+            if self.trial_left == 0 and not seen and self.trial_steps < self._trial_cap:
                 self.trial_left = 1  # its successors have not been prefilled yet (or not agreed)
             if self.trial_left == 0:
                 self.after_trial = True
