@@ -178,6 +178,35 @@ def test_goodput_plain_trial_whose_successors_are_never_seen_ends_after_twice_it
     assert trial_steps - 1 == 2 * planned  # the last decision was the judgment after it
 
 
+def test_goodput_trial_for_an_untimed_batch_ends_once_timed_where_plain_decode_cannot_win():
+    # Plain decode timed only at bs 16-32: at bs 10 its estimate is an extrapolation, so a burst starts
+    # a trial although plain decode loses there even with free prefills (5.5 ms for 10 tokens against
+    # speculation's 6.7 ms for 23 plus one 22 ms prefill per 128 tokens).  Once bs 10 is timed the
+    # trial ends; a trial that plain decode could win (its batching unknown) runs on.
+    dec_on, dec_off = (lambda b: 6.2 + 0.05 * b), (lambda b: 5.0 + 0.05 * b)
+    untimed = prefill_view(dec_on, dec_off, (1, 22.0), (1, 22.0), sizes=(16, 32), on_sizes=(16, 32))
+    timed = prefill_view(dec_on, dec_off, (1, 22.0), (1, 22.0), sizes=(8, 16, 32), on_sizes=(8, 16, 32))
+    assert not untimed.timed_around(False, 10) and timed.timed_around(False, 10)
+    p = build_policy("goodput", {"min_dwell": 0, "trial_lifetimes": 1.0})
+    x = dict(bs=10, acc=2.3, samples=100)
+    assert p.decide(inputs(**x, costs=untimed, prev=True, dwell=50, new_load=True)) is False
+    for _ in range(20):  # not timed yet: the trial goes on
+        assert p.decide(inputs(**x, costs=untimed, prev=False, dwell=10)) is False
+        assert p.explain()["why"] == "trial"
+    assert p.decide(inputs(**x, costs=timed, prev=False, dwell=10)) is False  # its last step
+    assert p.decide(inputs(**x, costs=timed, prev=False, dwell=10)) is True
+    assert p.explain()["why"] == "model"
+    # plain decode 2.5x cheaper: it could win with free prefills, so timing it does not end the trial
+    cheap = (lambda b: 2.0 + 0.02 * b)
+    untimed = prefill_view(dec_on, cheap, (1, 22.0), (1, 22.0), sizes=(16, 32), on_sizes=(16, 32))
+    timed = prefill_view(dec_on, cheap, (1, 22.0), (1, 22.0), sizes=(8, 16, 32), on_sizes=(8, 16, 32))
+    p = build_policy("goodput", {"min_dwell": 0, "trial_lifetimes": 1.0})
+    assert p.decide(inputs(**x, costs=untimed, prev=True, dwell=50, new_load=True)) is False
+    for _ in range(50):
+        assert p.decide(inputs(**x, costs=timed, prev=False, dwell=10)) is False
+        assert p.explain()["why"] == "trial"
+
+
 def test_goodput_dwell_holds_mode():
     v = view(lambda b: 10.0, lambda b: 1.0)
     p = build_policy("goodput", {"min_dwell": 8})

@@ -549,3 +549,24 @@ def test_an_open_load_the_running_mode_falls_behind_is_judged_at_its_demand():
     assert e["off_tok_s"] > 1.5 * e["on_tok_s"] and e["demand_tok_s"] > 4500
     low = [s for s in res.steps if s.bs <= 2 and s.recorded and s.why == "model"]
     assert len(low) > 300 and all(s.decided for s in low)
+
+
+def test_a_trial_only_for_an_untimed_batch_ends_once_plain_decode_is_timed_there():
+    """H100, SGLang 0.5.15, topk 4 / 16 draft tokens, pair3d-row2 (commit 6974c4e), C=5: plain decode
+    had been timed only at bs 7-8 (the harness's warm-up; C=1 speculated throughout), so the burst at
+    bs 5 started a plain trial, 176 steps of which 0.6 s fell in the 3.7 s level (0.811x `on@topk4`;
+    the same level in `pair3d-r2b-row2`, plain timed at bs 1 by then, had no trial: 1.052x).  Even
+    with free prefills plain decode lost there by 1.6x.  Re-driven, the trial ends at the step where
+    bs 5 has been timed, and the model then speculates; C=30's trial, which plain decode could win,
+    runs as before."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _goodput_trace(RESULTS / "pair3d-row2-logs.tar.xz")
+    res = redrive(rows, "goodput", follow=True)
+    c5 = next(i for i, r in enumerate(rows) if r["bs"] == 5 and r["why"] == "trial")
+    assert all(r["why"] == "trial" for r in rows[c5:c5 + 170])  # what the server did
+    end = next(k for k in range(c5, c5 + 170) if res.steps[k].why != "trial")
+    assert end - c5 <= 20 and res.steps[end].decided and res.steps[end].why == "model"
+    c30 = next(i for i, r in enumerate(rows) if r["bs"] == 30)
+    assert rows[c30]["why"] == "trial"
+    assert all(s.why == "trial" and not s.decided for s in res.steps[c30:c30 + 150])

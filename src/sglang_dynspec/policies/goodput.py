@@ -21,7 +21,8 @@ its figure is its history, and without one its steady state, never plain decode'
 Exploration is bounded: speculation first until acceptance is known, then one short stretch of
 plain decode; a *plain trial* of about one request lifetime when a burst of new requests
 arrives and plain decode could win if it batches their successors well (the only way to learn
-that); after ``reprobe_near`` plain steps a short speculative probe if the modes are within two margins
+that), or, where plain decode was never timed at that batch size, until it is; after
+``reprobe_near`` plain steps a short speculative probe if the modes are within two margins
 (acceptance is not measured while off; the dip that decided it may be gone); after ``reprobe_every``
 plain steps one if speculation could win with 1.5x today's acceptance (after 4x as long in any
 case, in case its costs are stale), and the same hopeful probe after a quarter of ``reprobe_near``
@@ -126,6 +127,7 @@ class Goodput:
         self.trial_left = 0
         self.trial_steps = 0
         self._trial_cap = 0  # the most steps the current trial may run
+        self._trial_timing = False  # the current trial runs only for want of a plain step time here
         self.after_trial = False
         self._entry_bs = 0  # decode batch size when the current mode was entered
         self._lead = 0.0  # average over recent model decisions of ln(off cost / on cost): > 0 favours on
@@ -342,16 +344,16 @@ class Goodput:
         rho = v.requests_per_token()
         if x.new_load:
             self._flips = self._probe_misses = 0  # earlier flip-flops say nothing about a new load
-        if x.new_load and prev is not False and rho > 0 and (
-                c_free < self.seconds_per_token(x, open_load=False)[0]
-                or not v.timed_around(False, x.decode_bs)):
+        could_win = x.new_load and prev is not False and rho > 0 and self._plain_could_win(x, c_free)
+        if x.new_load and prev is not False and rho > 0 and (could_win or not v.timed_around(False, x.decode_bs)):
             # Plain decode could win if it batches the successors of this burst: only a stretch
             # of it from now on shows whether it does (speculation charged as a refilled load: the
             # arrival rate's ~1 s average trails a burst).  Also when plain decode was never timed at
-            # this batch size or above it: an estimate extrapolated from small batches (4.7 ms for a
+            # this batch size or around it: an estimate extrapolated from small batches (4.7 ms for a
             # 3.6 ms step at bs 10 in the H200 traces) must not rule it out.  Between timed sizes it
             # interpolates (pair2e-row2, C=5: a trial for bs 5 after bs 1 and 8, 2.2 s of 4.5, where
             # speculation led by 1.37x).
+            self._trial_timing = not could_win
             self.trial_left = min(self.trial_max, int(self.trial_lifetimes / rho) + 1)
             self.trial_steps = 0
             # Waiting for its successors' prefills takes at most as long again: a closed loop whose
@@ -359,6 +361,14 @@ class Goodput:
             # counts, and such trials ran 293-679 steps where 47-154 were planned, into the next
             # load (H100, pair3c-r2-row2 at C=30, where speculation led; pair3c-r1-row1 at C=100).
             self._trial_cap = min(self.trial_max, 2 * self.trial_left)
+        if self.trial_left > 0 and self._trial_timing and v.timed_around(False, x.decode_bs):
+            # A trial only for want of a plain step time here ends once one is timed, unless plain
+            # decode could then win: its batching needs the whole trial, its step time a few steps
+            # (H100, pair3d-row2, C=5: 176 plain steps and 0.6 s of a 3.7 s level where speculation
+            # led by 1.65x, for a bucket timed after 16).
+            self._trial_timing = False
+            if not self._plain_could_win(x, c_free):
+                self.trial_left = self._trial_cap = 1
         if self.trial_left > 0:
             self.trial_left -= 1
             self.trial_steps += 1
@@ -429,6 +439,10 @@ class Goodput:
             if (not scatters and self._hopeful(x)) or x.steps_in_mode % (STALE_PROBE_FACTOR * self.reprobe) == 0:
                 return self._say(True, "probe", c)  # dwell holds it min_dwell steps
         return self._say(False, why, c)
+
+    def _plain_could_win(self, x: StepInputs, c_free: float) -> bool:
+        """Whether plain decode with free prefills beats speculation refilling every finished request."""
+        return c_free < self.seconds_per_token(x, open_load=False)[0]
 
     def _hopeful(self, x: StepInputs) -> bool:
         """Whether speculation would win with REPROBE_ACCEPT_FACTOR x today's acceptance."""
