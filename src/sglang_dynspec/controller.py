@@ -243,19 +243,24 @@ class Controller:
             elif self.step % self.failure_check == 0 and self.tp_size > 1 and self.agree is not None:
                 self._check_failure()
 
+        fresh = 0 < decode_bs <= rows  # every request in the batch was admitted since the last step
         if force_off:
             decision = False
             self.stats["steps_forced_off"] += 1
         else:
-            decision = self._ask(decode_bs, running, waiting, new_load, fresh=0 < decode_bs <= rows)
+            decision = self._ask(decode_bs, running, waiting, new_load, fresh=fresh)
 
         switched = self.prev is not None and decision != self.prev
         if switched:
-            if decision and self.steps_in_mode >= ACCEPT_STALE_STEPS:
+            if decision and (self.steps_in_mode >= ACCEPT_STALE_STEPS or fresh):
                 # Acceptance is not measured while off: after a long plain stretch the average may be
                 # another workload's (temperature 0.7 before greedy on the H200 pair, pair1q-rows34),
                 # and at small batches its row weighting would take hundreds of steps to forget it.
-                # The new samples outweigh it (accept_weight); the policy still counts it as known.
+                # A batch of requests all admitted since the last step is new to it in any case: at
+                # bs 1 a probe's 64 samples weighed about a fifth of the average it was judged on
+                # (H100, pair3c-r4-rows34, low0: 1.89 where its requests gave 2.05; the probe was
+                # turned back, and the phase ran plain for 3 s more at 1.24x `on`'s TPOT).  The new
+                # samples outweigh it (accept_weight); the policy still counts it as known.
                 self.acceptance(greedy).recent = 0
             self.stats["switches"] += 1
             self.steps_in_mode = 1

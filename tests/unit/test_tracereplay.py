@@ -570,3 +570,22 @@ def test_a_trial_only_for_an_untimed_batch_ends_once_plain_decode_is_timed_there
     c30 = next(i for i, r in enumerate(rows) if r["bs"] == 30)
     assert rows[c30]["why"] == "trial"
     assert all(s.why == "trial" and not s.decided for s in res.steps[c30:c30 + 150])
+
+
+def test_a_fresh_batchs_probe_is_judged_on_its_own_acceptance():
+    """H100, SGLang 0.5.12, pair3c-r4-rows34 (commit 29dbb6a), row 4's first low phase (1 request/s,
+    greedy): the server held an acceptance of 1.63-1.89 learnt on other requests, and its second
+    fresh-batch probe (66 request-steps whose drafts gave 2.05 tokens a step) was judged on an
+    average still at 1.89, which left speculation short of the lead a probe needs to stay (254.9
+    against 253.9 tok/s); the phase ran plain for 3.1 s more (goodput's TPOT p50 1.24x `on`'s).  A switch to speculation at a
+    fresh batch now restarts the acceptance average: re-driven, the probe's end keeps speculation,
+    and the first probe (its requests gave 1.81) is still turned back."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _goodput_trace(RESULTS / "pair3c-r4-rows34-logs.tar.xz")
+    res = redrive(rows, "goodput", follow=True)
+    t0 = rows[0]["t"]
+    first, second = [i for i, r in enumerate(rows) if r["why"] == "fresh" and r["t"] - t0 < 17][:2]
+    for start, kept in ((first, False), (second, True)):
+        end = next(k for k in range(start, len(rows)) if not rows[k]["on"])  # where the server left it
+        assert res.steps[end].decided is kept and res.steps[end].why == "model"
