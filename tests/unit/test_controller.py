@@ -536,42 +536,37 @@ def test_speculation_after_a_long_plain_stretch_restarts_the_acceptance_average(
     assert c.accept_length == pytest.approx(3.0)
     assert c.accept_samples == 210  # still known: no second learning phase for the policy
     # a short plain stretch keeps the average
-    d = Controller(Scripted(lambda x: x.step % 20 == 0))
-    d.step_mode(1)
-    for _ in range(200):
-        d.on_result(1, 0)
-    for _ in range(19):
-        d.step_mode(1)
-    assert d.step_mode(1) is StepMode.ON
+    d = _speculating_after_19_plain_steps(bs=1, admitted=0)
     for _ in range(10):
         d.on_result(1, 2)
     assert d.accept_length < 1.2
 
 
+def _speculating_after_19_plain_steps(bs: int, admitted: int) -> Controller:
+    """A controller that learnt 1.0 token per step at ``bs``, ran 19 plain steps, then admitted
+    ``admitted`` requests and resumed speculation."""
+    c = Controller(Scripted(lambda x: x.step % 20 == 0))
+    c.step_mode(bs)
+    for _ in range(200):
+        c.on_result(bs, 0)
+    for _ in range(19):
+        c.step_mode(bs)
+    if admitted:
+        c.on_other(new_rows=admitted)
+    assert c.step_mode(bs) is StepMode.ON
+    return c
+
+
 def test_speculation_at_a_fresh_batch_restarts_the_acceptance_average():
     # Every request of a fresh batch is new to the average, which was learnt on requests gone: after
     # a short plain stretch too, speculation starting there is judged on its own samples.
-    d = Controller(Scripted(lambda x: x.step % 20 == 0))
-    d.step_mode(1)
-    for _ in range(200):
-        d.on_result(1, 0)  # 1.0 token per step
-    for _ in range(19):
-        d.step_mode(1)
-    d.on_other(new_rows=1)  # the request finished and a new one was admitted: a fresh batch
-    assert d.step_mode(1) is StepMode.ON
+    d = _speculating_after_19_plain_steps(bs=1, admitted=1)  # the request finished, a new one came
     for _ in range(10):
         d.on_result(1, 2)  # 3.0 on the new request
     assert d.accept_length == pytest.approx(3.0)
     assert d.accept_samples == 210
     # a refill (one new among four) is not fresh: the average goes on
-    e = Controller(Scripted(lambda x: x.step % 20 == 0))
-    e.step_mode(4)
-    for _ in range(200):
-        e.on_result(4, 0)
-    for _ in range(19):
-        e.step_mode(4)
-    e.on_other(new_rows=1)
-    assert e.step_mode(4) is StepMode.ON
+    e = _speculating_after_19_plain_steps(bs=4, admitted=1)
     for _ in range(10):
         e.on_result(4, 8)
     assert e.accept_length < 2.0
