@@ -577,9 +577,10 @@ def test_a_fresh_batchs_probe_is_judged_on_its_own_acceptance():
     greedy): the server held an acceptance of 1.63-1.89 learnt on other requests, and its second
     fresh-batch probe (66 request-steps whose drafts gave 2.05 tokens a step) was judged on an
     average still at 1.89, which left speculation short of the lead a probe needs to stay (254.9
-    against 253.9 tok/s); the phase ran plain for 3.1 s more (goodput's TPOT p50 1.24x `on`'s).  A switch to speculation at a
-    fresh batch now restarts the acceptance average: re-driven, the probe's end keeps speculation,
-    and the first probe (its requests gave 1.81) is still turned back."""
+    against 253.9 tok/s); the phase ran plain for 3.1 s more (goodput's TPOT p50 1.24x `on`'s).
+    A switch to speculation at a fresh batch now restarts the acceptance average: re-driven, the
+    probe's end keeps speculation, and the first probe (its requests gave 1.81) is still turned
+    back."""
     from sglang_dynspec.tracereplay import redrive
 
     rows = _goodput_trace(RESULTS / "pair3c-r4-rows34-logs.tar.xz")

@@ -344,8 +344,9 @@ class Goodput:
         rho = v.requests_per_token()
         if x.new_load:
             self._flips = self._probe_misses = 0  # earlier flip-flops say nothing about a new load
-        could_win = x.new_load and prev is not False and rho > 0 and self._plain_could_win(x, c_free)
-        if x.new_load and prev is not False and rho > 0 and (could_win or not v.timed_around(False, x.decode_bs)):
+        burst_seen = x.new_load and prev is not False and rho > 0
+        could_win = burst_seen and self._plain_could_win(x, c_free)
+        if burst_seen and (could_win or not v.timed_around(False, x.decode_bs)):
             # Plain decode could win if it batches the successors of this burst: only a stretch
             # of it from now on shows whether it does (speculation charged as a refilled load: the
             # arrival rate's ~1 s average trails a burst).  Also when plain decode was never timed at
