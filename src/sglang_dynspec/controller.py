@@ -95,6 +95,10 @@ NEW_LOAD_MIN_ROWS = 4
 NEW_LOAD_SHARE = 0.5
 # Speculation resuming after this many plain steps restarts the acceptance average (see step_mode).
 ACCEPT_STALE_STEPS = 256
+# A restarted average keeps the old one as this many samples' worth: a probe cut short after one
+# step must not leave its single sample as the average (H100, pair3f-r1-row1: one bs-1 step that
+# accepted nothing set 2.46 to 1.0, and plain decode, never measuring acceptance, kept it there).
+ACCEPT_RESTART_PRIOR = 4
 
 
 MIN_PREFILL_SHARE = 0.5  # a prefill's time after the next step's refund: at least this share of what it measured
@@ -260,8 +264,10 @@ class Controller:
                 # bs 1 a probe's 64 samples weighed about a fifth of the average it was judged on
                 # (H100, pair3c-r4-rows34, low0: 1.89 where its requests gave 2.05; the probe was
                 # turned back, and the phase ran plain for 3 s more at 1.24x `on`'s TPOT).  The new
-                # samples outweigh it (accept_weight); the policy still counts it as known.
-                self.acceptance(greedy).recent = 0
+                # samples outweigh it (accept_weight) once there are more than a few; the policy
+                # still counts it as known.
+                a = self.acceptance(greedy)
+                a.recent = min(a.recent, ACCEPT_RESTART_PRIOR)
             self.stats["switches"] += 1
             self.steps_in_mode = 1
             # Both: the mode left keeps no stretch, its history stands for it.  A plain dwell of 15

@@ -531,10 +531,11 @@ def test_speculation_after_a_long_plain_stretch_restarts_the_acceptance_average(
     for _ in range(299):
         assert c.step_mode(1) is StepMode.OFF
     assert c.step_mode(1) is StepMode.ON  # after 299 plain steps
-    for _ in range(10):
+    for _ in range(64):  # a probe's rows at bs 1 (goodput.PROBE_ROWS)
         c.on_result(1, 2)  # 3.0: greedy now
-    assert c.accept_length == pytest.approx(3.0)
-    assert c.accept_samples == 210  # still known: no second learning phase for the policy
+    # the old average is worth ACCEPT_RESTART_PRIOR samples: 4 of 68
+    assert c.accept_length == pytest.approx((4 * 1.0 + 64 * 3.0) / 68)
+    assert c.accept_samples == 264  # still known: no second learning phase for the policy
     # a short plain stretch keeps the average
     d = _speculating_after_19_plain_steps(bs=1, admitted=0)
     for _ in range(10):
@@ -561,15 +562,30 @@ def test_speculation_at_a_fresh_batch_restarts_the_acceptance_average():
     # Every request of a fresh batch is new to the average, which was learnt on requests gone: after
     # a short plain stretch too, speculation starting there is judged on its own samples.
     d = _speculating_after_19_plain_steps(bs=1, admitted=1)  # the request finished, a new one came
-    for _ in range(10):
+    for _ in range(64):
         d.on_result(1, 2)  # 3.0 on the new request
-    assert d.accept_length == pytest.approx(3.0)
-    assert d.accept_samples == 210
+    assert d.accept_length > 2.85
+    assert d.accept_samples == 264
     # a refill (one new among four) is not fresh: the average goes on
     e = _speculating_after_19_plain_steps(bs=4, admitted=1)
     for _ in range(10):
         e.on_result(4, 8)
     assert e.accept_length < 2.0
+
+
+def test_a_restarted_acceptance_average_is_not_one_sample():
+    # A probe cut short after one step (a burst started a plain trial) must not leave that step's
+    # sample as the average: nothing measures acceptance while plain decode runs.
+    c = Controller(Scripted(lambda x: x.step % 20 == 0))
+    c.step_mode(1)
+    for _ in range(200):
+        c.on_result(1, 2)  # 3.0
+    for _ in range(19):
+        c.step_mode(1)
+    c.on_other(new_rows=1)
+    assert c.step_mode(1) is StepMode.ON  # fresh: the average restarts
+    c.on_result(1, 0)  # one step that accepted nothing
+    assert c.accept_length == pytest.approx((4 * 3.0 + 1.0) / 5)
 
 
 def test_a_batch_that_drained_and_began_again_is_fresh():
