@@ -98,6 +98,7 @@ ACCEPT_STALE_STEPS = 256
 # A restarted average keeps the old one as this many samples' worth: a probe cut short after one
 # step must not leave its single sample as the average (H100, pair3f-r1-row1: one bs-1 step that
 # accepted nothing set 2.46 to 1.0, and plain decode, never measuring acceptance, kept it there).
+# From bs 52 on, a step's row weight (bs / accept_memory_rows) exceeds the prior's 1/5 and rules.
 ACCEPT_RESTART_PRIOR = 4
 
 
