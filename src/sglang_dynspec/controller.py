@@ -76,7 +76,7 @@ class Acceptance:
 
     length: float = 0.0
     samples: int = 0
-    recent: int = 0  # samples since the average last restarted (its weights)
+    recent: int = 0  # samples since the average last restarted, prior included (its weights)
 
 
 # A single decide() this many times over its deadline is a hang, not a hiccup.

@@ -590,3 +590,20 @@ def test_a_fresh_batchs_probe_is_judged_on_its_own_acceptance():
     for start, kept in ((first, False), (second, True)):
         end = next(k for k in range(start, len(rows)) if not rows[k]["on"])  # where the server left it
         assert res.steps[end].decided is kept and res.steps[end].why == "model"
+
+
+def test_a_probe_cut_short_leaves_the_acceptance_it_had():
+    """H100, SGLang 0.5.12, pair3f-r1-row1 (commit fda655e), row 1: a `fresh` probe at C=70's first
+    request was cut short by the level's burst (a plain trial) after one bs-1 step that accepted
+    nothing.  The restarted acceptance average became that sample (2.46 -> 1.00), and plain decode,
+    which measures none, kept it to the end of the run: the bs-1 batches of the later levels' first
+    requests were priced at ~131 tok/s speculating against ~285 plain, where `on` led at C=1.  The
+    restart now keeps the old figure as a few samples' worth."""
+    from sglang_dynspec.tracereplay import redrive
+
+    rows = _goodput_trace(RESULTS / "pair3f-r1-row1-logs.tar.xz")
+    t0 = rows[0]["t"]
+    late = [s for s in redrive(rows, "goodput", follow=True).steps if s.t - t0 > 200 and s.bs == 1]
+    assert len(late) >= 10
+    assert all(s.estimates["on_tok_s"] > 250 for s in late)
+    assert any(s.decided for s in late)
