@@ -560,11 +560,12 @@ def _speculating_after_19_plain_steps(bs: int, admitted: int) -> Controller:
 
 def test_speculation_at_a_fresh_batch_restarts_the_acceptance_average():
     # Every request of a fresh batch is new to the average, which was learnt on requests gone: after
-    # a short plain stretch too, speculation starting there is judged on its own samples.
+    # a short plain stretch too, speculation starting there is judged on its own samples (and the
+    # old figure as ACCEPT_RESTART_PRIOR of them).
     d = _speculating_after_19_plain_steps(bs=1, admitted=1)  # the request finished, a new one came
     for _ in range(64):
         d.on_result(1, 2)  # 3.0 on the new request
-    assert d.accept_length > 2.85
+    assert d.accept_length == pytest.approx((4 * 1.0 + 64 * 3.0) / 68)
     assert d.accept_samples == 264
     # a refill (one new among four) is not fresh: the average goes on
     e = _speculating_after_19_plain_steps(bs=4, admitted=1)
