@@ -366,6 +366,22 @@ class CostView:
             p_on = p_off / self.mode_factor[0] * self.mode_factor[1] if refill is None else refill * self.mode_factor[1]
         return max(p_on, p_off)
 
+    def wave_per_request(self, bs: int) -> float:
+        """Plain decode's prefill seconds per request at its best batching at decode batch ``bs``:
+        the whole batch finishing together and refilled in one prefill batch (0.0 before any
+        prefill was timed).  A closed loop of ``bs`` requests cannot batch its refills better.
+
+        A bound for exploring, so beyond the largest batch timed the extra requests are free: the
+        line through small batches (~20 ms per request through sizes 1-3 in the H200 traces) put a
+        batch of ten at 200 ms where it took ~50 (``batch_seconds``' slope), and ruled out trials
+        that plain decode won."""
+        bs = max(bs, 1)
+        if not self.batch_points:
+            return 0.0
+        top_n, top_t = self.batch_points[-1]
+        t = top_t if bs >= top_n else self.batch_seconds(bs)
+        return t / bs * self.mode_factor[0]
+
     def refill_per_request(self, finished_per_step: float) -> float | None:
         """Seconds per request of the prefill batches that replace requests finishing at random,
         ``finished_per_step`` per decode step on average (None before any prefill was timed).  A

@@ -345,6 +345,25 @@ def test_prefill_batch_time_is_interpolated_between_measured_sizes():
     assert v.prefill_history(True) == pytest.approx(v.batch_seconds(n) / n)
 
 
+def test_a_whole_batch_wave_is_priced_between_timed_sizes_and_free_beyond_them():
+    from sglang_dynspec.costs import CostTable, CostView, PrefillMeter
+
+    m = PrefillMeter()
+    assert CostView.from_table(CostTable(), m).wave_per_request(5) == 0.0  # nothing timed yet
+    for n, ms in ((1, 33.0), (5, 56.0)):
+        for _ in range(5):
+            m.add_tokens(128 * n)
+            m.observe(False, ms / 1e3, n)
+    v = CostView.from_table(CostTable(), m)
+    assert v.wave_per_request(1) == pytest.approx(0.033)
+    assert v.wave_per_request(3) == pytest.approx(v.batch_seconds(3) / 3)  # interpolated
+    assert v.wave_per_request(5) == pytest.approx(0.0112)
+    # beyond the largest batch timed the extra requests cost nothing (an exploring bound), where
+    # the line through sizes 1 and 5 would add 5.75 ms for each
+    assert v.wave_per_request(10) == pytest.approx(0.0056)
+    assert v.batch_seconds(10) / 10 > 1.5 * v.wave_per_request(10)
+
+
 def test_a_resume_step_is_an_on_decision_run_and_charged_as_an_off_step():
 
     clock = Clock()

@@ -160,6 +160,25 @@ def test_goodput_plain_trial_after_a_burst_until_its_successors_are_seen():
     assert p.decide(inputs(bs=1, acc=2.3, samples=100, costs=same, prev=True, dwell=50, new_load=True)) is True
 
 
+def test_goodput_no_trial_where_plain_decode_loses_even_refilling_its_whole_batch_at_once():
+    # bs 5: speculation makes 14.3 tokens in 6.45 ms and prefills one request at a time (36 ms each),
+    # 0.73 ms per token; plain decode 5 tokens in 3.5 ms, 0.705 with free prefills, but a batch of
+    # five takes 56 ms: refilled all at once (the most a batch of five can batch) 0.79.  No trial
+    # (H100, pair3f-r2-row2, C=5: a 166-step trial where speculation led by 1.4x, 0.771x `on`).
+    dec_on, dec_off = (lambda b: 6.2 + 0.05 * b), (lambda b: 3.5 + 0.005 * b)
+    v = prefill_view(dec_on, dec_off, (1, 36.0), (5, 56.0))
+    p = build_policy("goodput", {"min_dwell": 0})
+    x = dict(bs=5, acc=2.86, samples=100, costs=v)
+    c_on, _, c_best = p.seconds_per_token(inputs(**x))
+    assert 3.5 / 5 / 1e3 < p.seconds_per_token(inputs(**x), open_load=False)[0] < c_best
+    assert p.decide(inputs(**x, prev=True, dwell=50, new_load=True)) is True
+    assert p.explain()["why"] == "model"
+    # at bs 10 a wave of ten is cheaper per request than any batch timed: it could win, a trial
+    q = build_policy("goodput", {"min_dwell": 0})
+    assert q.decide(inputs(bs=10, acc=2.86, samples=100, costs=v, prev=True, dwell=50, new_load=True)) is False
+    assert q.explain()["why"] == "trial"
+
+
 def test_goodput_plain_trial_whose_successors_are_never_seen_ends_after_twice_its_length():
     # A closed loop whose plain waves drain the batch refills after an idle gap, which no mode's
     # prefill figure counts: the trial waits for its successors as long again as it was planned,
