@@ -169,8 +169,9 @@ def test_goodput_no_trial_where_plain_decode_loses_even_refilling_its_whole_batc
     v = prefill_view(dec_on, dec_off, (1, 36.0), (5, 56.0))
     p = build_policy("goodput", {"min_dwell": 0})
     x = dict(bs=5, acc=2.86, samples=100, costs=v)
-    c_on, _, c_best = p.seconds_per_token(inputs(**x))
-    assert 3.5 / 5 / 1e3 < p.seconds_per_token(inputs(**x), open_load=False)[0] < c_best
+    _, _, c_free = p.seconds_per_token(inputs(**x))
+    c_best = c_free + v.wave_per_request(5) * v.requests_per_token()
+    assert c_free < p.seconds_per_token(inputs(**x), open_load=False)[0] < c_best
     assert p.decide(inputs(**x, prev=True, dwell=50, new_load=True)) is True
     assert p.explain()["why"] == "model"
     # at bs 10 a wave of ten is cheaper per request than any batch timed: it could win, a trial

@@ -162,8 +162,7 @@ class Goodput:
     # --- the model -------------------------------------------------------------------
     def seconds_per_token(self, x: StepInputs, accept: float | None = None,
                           open_load: bool = True) -> tuple[float, float, float] | None:
-        """(on, off, off at its best batching) seconds per output token at this step; None if
-        unknown.  The third refills the whole batch in one prefill batch (``wave_per_request``).
+        """(on, off, off with free prefills) seconds per output token at this step; None if unknown.
         ``open_load=False``: every finished request refilled, whatever the arrival rate says."""
         v = x.costs
         if v is None:
@@ -177,7 +176,7 @@ class Goodput:
         acc = max(accept if accept is not None else x.accept_length, 1.0)
         p_off, p_on = v.prefill_per_request(False), v.prefill_per_request(True, bs, acc)
         lam = v.arrivals_per_s if open_load else None
-        best = d_off / bs + v.wave_per_request(bs) * rho
+        free = d_off / bs
         c_on, c_off = per_token(d_on, bs * acc, p_on, rho, lam), per_token(d_off, bs, p_off, rho, lam)
         demand = lam / rho if lam and rho > 0 else None
         if accept is None:
@@ -199,7 +198,7 @@ class Goodput:
                 burst = demand * (1.0 + DEMAND_BURST_SD / math.sqrt(max(v.arrivals_per_s, 1.0)))
                 c_on = self._behind(v, True, bs, acc, burst, c_on, now[True])
                 c_off = self._behind(v, False, bs, 1.0, burst, c_off, now[False])
-        return c_on, c_off, best
+        return c_on, c_off, free
 
     @staticmethod
     def _capacity(v, on: bool, b: float, acc: float) -> float | None:
@@ -341,12 +340,12 @@ class Goodput:
         c = self.seconds_per_token(x)
         if c is None:
             return self._say(False, "learn off", None)
-        c_on, c_off, c_best = c
+        c_on, c_off, c_free = c
         rho = v.requests_per_token()
         if x.new_load:
             self._flips = self._probe_misses = 0  # earlier flip-flops say nothing about a new load
         burst_seen = x.new_load and prev is not False and rho > 0
-        could_win = burst_seen and self._plain_could_win(x, c_best)
+        could_win = burst_seen and self._plain_could_win(x, c_free)
         if burst_seen and (could_win or not v.timed_around(False, x.decode_bs)):
             # Plain decode could win if it batches the successors of this burst: only a stretch
             # of it from now on shows whether it does (speculation charged as a refilled load: the
@@ -369,7 +368,7 @@ class Goodput:
             # (H100, pair3d-row2, C=5: 176 plain steps and 0.6 s of a 3.7 s level where speculation
             # led by 1.65x, for a bucket timed after 16).
             self._trial_timing = False
-            if not self._plain_could_win(x, c_best):
+            if not self._plain_could_win(x, c_free):
                 self.trial_left = self._trial_cap = 1
         if self.trial_left > 0:
             self.trial_left -= 1
@@ -442,12 +441,15 @@ class Goodput:
                 return self._say(True, "probe", c)  # dwell holds it min_dwell steps
         return self._say(False, why, c)
 
-    def _plain_could_win(self, x: StepInputs, c_best: float) -> bool:
-        """Whether plain decode refilling its whole batch at once (the best batching it can keep)
-        beats speculation refilling every finished request.  Not with free prefills: at C=5 on the
-        H100 pair (topk 4, pair3f-r2-row2) that bound started a 166-step trial where a batch of
-        five requests takes 11 ms each to prefill and speculation led by 1.4x (0.771x `on@topk4`)."""
-        return c_best < self.seconds_per_token(x, open_load=False)[0]
+    def _plain_could_win(self, x: StepInputs, c_free: float) -> bool:
+        """Whether plain decode refilling its whole batch at once (the best batching it can keep;
+        ``c_free`` is its figure with free prefills) beats speculation refilling every finished
+        request.  Free prefills alone were too loose a bound: at C=5 on the H100 pair (topk 4,
+        pair3f-r2-row2) they started a 166-step trial where a batch of five requests takes 11 ms
+        each to prefill and speculation led by 1.4x (0.771x `on@topk4`)."""
+        v = x.costs
+        best = c_free + v.wave_per_request(x.decode_bs) * v.requests_per_token()
+        return best < self.seconds_per_token(x, open_load=False)[0]
 
     def _hopeful(self, x: StepInputs) -> bool:
         """Whether speculation would win with REPROBE_ACCEPT_FACTOR x today's acceptance."""
