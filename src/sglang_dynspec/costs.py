@@ -375,12 +375,10 @@ class CostView:
         line through small batches (~20 ms per request through sizes 1-3 in the H200 traces) put a
         batch of ten at 200 ms where it took ~50 (``batch_seconds``' slope), and ruled out trials
         that plain decode won."""
-        bs = max(bs, 1)
         if not self.batch_points:
             return 0.0
-        top_n, top_t = self.batch_points[-1]
-        t = top_t if bs >= top_n else self.batch_seconds(bs)
-        return t / bs * self.mode_factor[0]
+        bs = max(bs, 1)
+        return self.batch_seconds(min(bs, self.batch_points[-1][0])) / bs * self.mode_factor[0]
 
     def refill_per_request(self, finished_per_step: float) -> float | None:
         """Seconds per request of the prefill batches that replace requests finishing at random,
